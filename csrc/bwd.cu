@@ -1,0 +1,39 @@
+// Backward launcher: one launch for dQ, one for dD.
+#include <algorithm>
+#include "bwd.cuh"
+#include "launch.h"
+
+namespace maxsim {
+namespace {
+
+// Document rows per dD block: as many as fit a 64 KB fp32 accumulator, at most 128.
+int dd_rows(int dim) { return std::max(8, std::min(128, (64 * 1024) / (dim * 4))); }
+
+}  // namespace
+
+void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo&, cudaStream_t stream) {
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    const int warps = kBwdThreads / 32;
+    const int q_rows = p.q.offsets ? p.max_lq : p.q.pad_len;
+    const int row_blocks = (std::max(q_rows, 1) + warps - 1) / warps;
+    if (p.q.count > 0 && q_rows > 0)
+      bwd_dq_kernel<T><<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
+    if (p.d.rows > 0) {
+      const int rows = dd_rows(p.dim);
+      const size_t smem = size_t(rows) * p.dim * sizeof(float);
+      cudaFuncSetAttribute(bwd_dd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+      const int64_t blocks = (p.d.rows + rows - 1) / rows;
+      bwd_dd_kernel<T><<<static_cast<unsigned>(blocks), kBwdThreads, smem, stream>>>(
+          p, p.d.rows, rows);
+    }
+  };
+  switch (dtype) {
+    case DType::kF16: go(__half{}); break;
+    case DType::kBF16: go(__nv_bfloat16{}); break;
+    default: go(float{}); break;
+  }
+}
+
+}  // namespace maxsim

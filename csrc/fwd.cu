@@ -1,0 +1,142 @@
+// Forward launcher: picks the kernel and tile shape for a problem, sizes the grid, launches.
+#include <algorithm>
+#include <type_traits>
+#include "fwd_simt.cuh"
+#include "fwd_tc.cuh"
+#include "launch.h"
+
+namespace maxsim {
+namespace {
+
+// Tile shapes. Why each exists:
+//  kSmall  32 x 64,  4 warps: one short query (Lq <= 32) against streamed documents; the
+//          memory-bound reranking case, 4 stages keep enough bytes in flight.
+//  kMedium 64 x 64,  4 warps: queries of 33..64 tokens (or slices of long queries, D > 128).
+//  kLarge  128 x 128, 8 warps: long queries or several short queries of an all-pairs batch; the
+//          compute-bound case, where a 64 x 32 warp tile keeps ldmatrix traffic low per mma.
+enum class Tile { kSimt, kSmall, kMedium, kLarge };
+
+template <Tile> struct TileShape;
+template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 4; };
+template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
+template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 3; };
+
+int tile_rows(Tile t) {
+  switch (t) {
+    case Tile::kSmall: return 32;
+    case Tile::kMedium: return 64;
+    case Tile::kLarge: return 128;
+    default: return 0;
+  }
+}
+
+bool aligned16(const TokenSet& s) {
+  return reinterpret_cast<uintptr_t>(s.data) % 16 == 0 && s.row_stride % 8 == 0 &&
+         s.seg_stride % 8 == 0;
+}
+
+int query_rows(const FwdParams& p) { return p.q.offsets ? p.max_lq : p.q.pad_len; }
+
+int num_items(const FwdParams& p) {
+  switch (p.pairs.layout) {
+    case kAllPairs: return p.d.count;
+    case kGrouped: return p.pairs.group;
+    default: return p.pairs.num_pairs;
+  }
+}
+
+struct Plan {
+  Tile tile = Tile::kSimt;
+  FwdGrid grid{1, 1, 1, 1};
+  int blocks = 0;
+};
+
+Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  Plan plan;
+  const bool tc = dtype != DType::kF32 && dev.sm >= 80 && p.dim % 8 == 0 && p.dim <= 256 &&
+                  aligned16(p.q) && aligned16(p.d);
+  if (!tc) return plan;
+  const int lq = std::max(1, query_rows(p));
+  const bool padded_q = p.q.offsets == nullptr;
+  if (p.pairs.layout == kAllPairs && padded_q && p.dim <= 128 && lq <= 64 &&
+      int64_t(p.q.count) * lq >= 128) {
+    plan.tile = Tile::kLarge;
+    plan.grid.qpb = 128 / lq;  // several short queries share one row tile
+  } else if (lq > 64 && p.dim <= 128) {
+    plan.tile = Tile::kLarge;
+  } else if (lq > 32) {
+    plan.tile = Tile::kMedium;
+  } else {
+    plan.tile = Tile::kSmall;
+  }
+  const int bm = tile_rows(plan.tile);
+  plan.grid.m_tiles = plan.grid.qpb > 1 ? 1 : (lq + bm - 1) / bm;
+  switch (p.pairs.layout) {
+    case kAllPairs:
+      plan.grid.q_tiles = (p.q.count + plan.grid.qpb - 1) / plan.grid.qpb * plan.grid.m_tiles;
+      break;
+    case kGrouped: plan.grid.q_tiles = p.q.count * plan.grid.m_tiles; break;
+    default: plan.grid.q_tiles = plan.grid.m_tiles; break;
+  }
+  // Enough blocks for several waves, so that the tail is short and every SM streams.
+  const int items = std::max(1, num_items(p));
+  const int64_t target = int64_t(dev.num_sms) * 8;
+  const int64_t chunks = std::max<int64_t>(1, target / std::max(1, plan.grid.q_tiles));
+  plan.grid.docs_per_block = static_cast<int>((items + chunks - 1) / chunks);
+  const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
+  plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);
+  return plan;
+}
+
+template <typename T, Tile kTile, bool kArgmax>
+void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
+  using S = TileShape<kTile>;
+  using Cfg = FwdTC<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
+  auto kernel = fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
+  const size_t smem = Cfg::smem_bytes(p.dim);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  kernel<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+}
+
+template <typename T, bool kArgmax>
+void launch_typed(const FwdParams& p, const Plan& plan, const DeviceInfo& dev, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {  // fp32 never takes the tensor cores
+    switch (plan.tile) {
+      case Tile::kSmall: return launch_tc<T, Tile::kSmall, kArgmax>(p, plan, stream);
+      case Tile::kMedium: return launch_tc<T, Tile::kMedium, kArgmax>(p, plan, stream);
+      case Tile::kLarge: return launch_tc<T, Tile::kLarge, kArgmax>(p, plan, stream);
+      default: break;
+    }
+  }
+  const int blocks = static_cast<int>(std::min<int64_t>(p.pairs.num_pairs, int64_t(dev.num_sms) * 32));
+  fwd_simt_kernel<T, kArgmax><<<std::max(blocks, 1), kSimtThreads, p.dim * sizeof(float), stream>>>(p);
+}
+
+}  // namespace
+
+size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  const Plan plan = make_plan(p, dtype, dev);
+  return plan.grid.m_tiles > 1 ? size_t(plan.grid.m_tiles) * p.pairs.num_pairs : 0;
+}
+
+void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
+  if (p.pairs.num_pairs == 0) return;
+  const Plan plan = make_plan(p, dtype, dev);
+  const bool argmax = p.argmax != nullptr;
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    if (argmax) launch_typed<T, true>(p, plan, dev, stream);
+    else launch_typed<T, false>(p, plan, dev, stream);
+  };
+  switch (dtype) {
+    case DType::kF16: go(__half{}); break;
+    case DType::kBF16: go(__nv_bfloat16{}); break;
+    default: go(float{}); break;
+  }
+  if (plan.grid.m_tiles > 1) {
+    const int n = p.pairs.num_pairs;
+    sum_partials_kernel<<<(n + 255) / 256, 256, 0, stream>>>(p.partial, p.scores, plan.grid.m_tiles, n);
+  }
+}
+
+}  // namespace maxsim

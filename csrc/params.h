@@ -1,0 +1,71 @@
+// Plain, torch-free descriptions of what a launch works on. Strides are in elements.
+#pragma once
+#include <cstdint>
+
+namespace maxsim {
+
+enum Layout : int { kAllPairs = 0, kGrouped = 1, kPairs = 2 };
+
+// A token set: rows of `dim` values split into segments (one per query or document).
+// Padded: segment n starts at n * seg_stride and spans pad_len rows (lengths[n] of them valid).
+// Packed: segment n spans rows offsets[n] .. offsets[n+1]-1.
+struct TokenSet {
+  const void* data = nullptr;
+  int64_t row_stride = 0;        // elements between consecutive tokens
+  int64_t seg_stride = 0;        // elements between consecutive padded segments
+  const int* offsets = nullptr;  // packed only, [count + 1]
+  const int* lengths = nullptr;  // padded only, optional, [count]
+  const bool* mask = nullptr;    // optional, one flag per row (padded: [count, pad_len])
+  int count = 0;                 // number of segments
+  int pad_len = 0;               // padded rows per segment; 0 when packed
+  int64_t rows = 0;              // rows in the whole set
+};
+
+// Which (query, document) pairs are scored and where each score goes.
+struct PairMap {
+  Layout layout = kAllPairs;
+  int group = 1;                    // kGrouped: documents per query
+  int num_pairs = 0;                // number of scores
+  const int* pair_q = nullptr;      // kPairs
+  const int* pair_d = nullptr;      // kPairs
+};
+
+struct FwdParams {
+  TokenSet q, d;
+  PairMap pairs;
+  int dim = 0;
+  int max_lq = 0;                   // argmax row width
+  float* scores = nullptr;          // [num_pairs]
+  float* partial = nullptr;         // [m_tiles, num_pairs] when a query spans several row tiles
+  int* argmax = nullptr;            // [num_pairs, max_lq] or null
+};
+
+struct BwdParams {
+  TokenSet q, d;
+  PairMap pairs;
+  int dim = 0;
+  int max_lq = 0;
+  const float* grad = nullptr;      // [num_pairs]
+  const int* argmax = nullptr;      // [num_pairs, max_lq]
+  // kPairs: pairs sorted by query / by document (stable), with CSR pointers.
+  const int64_t* by_q = nullptr;
+  const int64_t* q_ptr = nullptr;   // [q.count + 1]
+  const int64_t* by_d = nullptr;
+  const int64_t* d_ptr = nullptr;   // [d.count + 1]
+  void* dq = nullptr;               // shaped like q
+  void* dd = nullptr;               // shaped like d
+};
+
+}  // namespace maxsim
+
+namespace maxsim {
+
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+struct DeviceInfo {
+  int sm = 0;        // compute capability, major * 10 + minor
+  int num_sms = 0;
+  int max_smem = 0;  // opt-in shared memory per block, bytes
+};
+
+}  // namespace maxsim

@@ -1,0 +1,227 @@
+// Registers the two ops every entry point of the package is built on (schemas first, then the
+// CUDA implementations). Shapes and semantics: docs/ARCHITECTURE.md.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+#include "launch.h"
+#include "registration.h"
+
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+maxsim::DType dtype_of(const Tensor& x) {
+  switch (x.scalar_type()) {
+    case at::kHalf: return maxsim::DType::kF16;
+    case at::kBFloat16: return maxsim::DType::kBF16;
+    case at::kFloat: return maxsim::DType::kF32;
+    default: TORCH_CHECK(false, "maxsim: expected float32, float16 or bfloat16, got ", x.scalar_type());
+  }
+}
+
+// Optional index / mask tensors: right dtype, on the device, contiguous.
+const int* int_ptr(const OptTensor& t, const char* name, const Tensor& like) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kInt, "maxsim: ", name, " must be int32, got ", t->scalar_type());
+  TORCH_CHECK(t->device() == like.device(), "maxsim: ", name, " must be on ", like.device());
+  TORCH_CHECK(t->is_contiguous(), "maxsim: ", name, " must be contiguous");
+  return t->data_ptr<int>();
+}
+const bool* mask_ptr(const OptTensor& t, const char* name, const Tensor& like) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kBool, "maxsim: ", name, " must be bool, got ", t->scalar_type());
+  TORCH_CHECK(t->device() == like.device(), "maxsim: ", name, " must be on ", like.device());
+  TORCH_CHECK(t->is_contiguous(), "maxsim: ", name, " must be contiguous");
+  return t->data_ptr<bool>();
+}
+
+maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptTensor& lengths,
+                           const OptTensor& mask, const char* name) {
+  TORCH_CHECK(x.is_cuda(), "maxsim: ", name, " must be a CUDA tensor");
+  TORCH_CHECK(x.is_contiguous(), "maxsim: ", name, " must be contiguous");
+  maxsim::TokenSet s;
+  s.data = x.data_ptr();
+  const int64_t dim = x.size(-1);
+  s.row_stride = dim;
+  s.mask = mask_ptr(mask, "mask", x);
+  if (x.dim() == 3) {
+    TORCH_CHECK(!offsets.has_value(), "maxsim: ", name, " is padded (3-D) but offsets were given");
+    s.count = static_cast<int>(x.size(0));
+    s.pad_len = static_cast<int>(x.size(1));
+    s.seg_stride = x.size(1) * dim;
+    s.rows = x.size(0) * x.size(1);
+    s.lengths = int_ptr(lengths, "lengths", x);
+    if (s.mask) TORCH_CHECK(mask->numel() == s.rows, "maxsim: ", name, " mask must have N*L entries");
+  } else {
+    TORCH_CHECK(x.dim() == 2, "maxsim: ", name, " must be 2-D (packed) or 3-D (padded), got ", x.dim(), "-D");
+    TORCH_CHECK(offsets.has_value(), "maxsim: ", name, " is packed (2-D) and needs offsets");
+    TORCH_CHECK(!lengths.has_value(), "maxsim: ", name, " is packed; lengths must be None");
+    s.offsets = int_ptr(offsets, "offsets", x);
+    s.count = static_cast<int>(offsets->numel() - 1);
+    s.rows = x.size(0);
+    if (s.mask) TORCH_CHECK(mask->numel() == s.rows, "maxsim: ", name, " mask must have one entry per row");
+  }
+  return s;
+}
+
+maxsim::PairMap pair_map(int64_t layout, int64_t group, const maxsim::TokenSet& q,
+                         const maxsim::TokenSet& d, const OptTensor& pair_q, const OptTensor& pair_d,
+                         const Tensor& like, std::vector<int64_t>& shape) {
+  maxsim::PairMap m;
+  m.layout = static_cast<maxsim::Layout>(layout);
+  int64_t n = 0;
+  switch (layout) {
+    case maxsim::kAllPairs:
+      shape = {q.count, d.count};
+      n = int64_t(q.count) * d.count;
+      break;
+    case maxsim::kGrouped:
+      TORCH_CHECK(group >= 0 && int64_t(q.count) * group == d.count,
+                  "maxsim: grouped layout needs documents == queries * group");
+      m.group = static_cast<int>(group);
+      shape = {q.count, group};
+      n = d.count;
+      break;
+    case maxsim::kPairs:
+      TORCH_CHECK(pair_q.has_value() && pair_d.has_value(), "maxsim: pairs layout needs pair_q and pair_d");
+      TORCH_CHECK(pair_q->numel() == pair_d->numel(), "maxsim: pair_q and pair_d differ in length");
+      m.pair_q = int_ptr(pair_q, "pair_q", like);
+      m.pair_d = int_ptr(pair_d, "pair_d", like);
+      n = pair_q->numel();
+      shape = {n};
+      break;
+    default: TORCH_CHECK(false, "maxsim: unknown layout ", layout);
+  }
+  TORCH_CHECK(n < (int64_t(1) << 31), "maxsim: too many scores for one call (", n, ")");
+  m.num_pairs = static_cast<int>(n);
+  return m;
+}
+
+maxsim::DeviceInfo device_info() {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return {prop->major * 10 + prop->minor, prop->multiProcessorCount,
+          static_cast<int>(prop->sharedMemPerBlockOptin)};
+}
+
+void check_pair(const Tensor& q, const Tensor& d) {
+  TORCH_CHECK(q.scalar_type() == d.scalar_type(), "maxsim: queries and documents differ in dtype");
+  TORCH_CHECK(q.device() == d.device(), "maxsim: queries and documents are on different devices");
+  TORCH_CHECK(q.size(-1) == d.size(-1), "maxsim: queries and documents differ in embedding dim");
+}
+
+std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const OptTensor& q_offsets,
+                               const OptTensor& q_lengths, const OptTensor& q_mask,
+                               const OptTensor& d_offsets, const OptTensor& d_lengths,
+                               const OptTensor& d_mask, const OptTensor& pair_q,
+                               const OptTensor& pair_d, int64_t layout, int64_t group,
+                               int64_t max_lq, bool with_argmax, bool tf32) {
+  (void)tf32;  // fp32 always takes the exact path
+  check_pair(q_in, d_in);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
+  maxsim::FwdParams p;
+  p.q = token_set(q, q_offsets, q_lengths, q_mask, "queries");
+  p.d = token_set(d, d_offsets, d_lengths, d_mask, "documents");
+  std::vector<int64_t> shape;
+  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
+  p.dim = static_cast<int>(q.size(-1));
+  if (q.dim() == 3) TORCH_CHECK(max_lq == q.size(1), "maxsim: max_lq must equal the padded query length");
+  TORCH_CHECK(max_lq >= 0, "maxsim: max_lq must be >= 0");
+  p.max_lq = static_cast<int>(max_lq);
+
+  const auto f32 = q.options().dtype(at::kFloat);
+  Tensor scores = at::empty(shape, f32);
+  Tensor argmax;
+  if (with_argmax) {
+    auto ashape = shape;
+    ashape.push_back(max_lq);
+    argmax = at::empty(ashape, q.options().dtype(at::kInt));
+    p.argmax = argmax.data_ptr<int>();
+  } else {
+    argmax = at::empty({0}, q.options().dtype(at::kInt));
+  }
+  p.scores = scores.data_ptr<float>();
+  const maxsim::DType dt = dtype_of(q);
+  const maxsim::DeviceInfo dev = device_info();
+  Tensor partial;
+  if (const size_t ws = maxsim::fwd_workspace_floats(p, dt, dev)) {
+    partial = at::empty({static_cast<int64_t>(ws)}, f32);
+    p.partial = partial.data_ptr<float>();
+  }
+  maxsim::launch_fwd(p, dt, dev, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {scores, argmax};
+}
+
+// Stable order of the pairs by one side, with CSR pointers (all on the device, no sync).
+std::tuple<Tensor, Tensor> group_pairs(const Tensor& ids, int64_t count) {
+  auto [sorted, order] = at::sort(ids.to(at::kLong), /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  Tensor bounds = at::arange(count + 1, ids.options().dtype(at::kLong));
+  Tensor ptr = at::searchsorted(sorted, bounds);
+  return {order.contiguous(), ptr.contiguous()};
+}
+
+std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Tensor& d_in,
+                               const Tensor& argmax, const OptTensor& q_offsets,
+                               const OptTensor& d_offsets, const OptTensor& pair_q,
+                               const OptTensor& pair_d, int64_t layout, int64_t group) {
+  check_pair(q_in, d_in);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
+  maxsim::BwdParams p;
+  p.q = token_set(q, q_offsets, std::nullopt, std::nullopt, "queries");
+  p.d = token_set(d, d_offsets, std::nullopt, std::nullopt, "documents");
+  std::vector<int64_t> shape;
+  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
+  p.dim = static_cast<int>(q.size(-1));
+  TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
+  TORCH_CHECK(argmax.dim() == static_cast<int64_t>(shape.size()) + 1, "maxsim: argmax has the wrong rank");
+  p.max_lq = static_cast<int>(argmax.size(-1));
+  if (q.dim() == 3) TORCH_CHECK(p.max_lq == q.size(1), "maxsim: argmax width must equal the padded query length");
+  const Tensor g = grad.to(at::kFloat).contiguous();
+  TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
+  p.grad = g.data_ptr<float>();
+  p.argmax = argmax.data_ptr<int>();
+  Tensor by_q, q_ptr, by_d, d_ptr;
+  if (layout == maxsim::kPairs) {
+    std::tie(by_q, q_ptr) = group_pairs(*pair_q, p.q.count);
+    std::tie(by_d, d_ptr) = group_pairs(*pair_d, p.d.count);
+    p.by_q = by_q.data_ptr<int64_t>();
+    p.q_ptr = q_ptr.data_ptr<int64_t>();
+    p.by_d = by_d.data_ptr<int64_t>();
+    p.d_ptr = d_ptr.data_ptr<int64_t>();
+  }
+  // Packed query rows past max_lq hold no argmax, so they are never written: start from zeros.
+  Tensor dq = q.dim() == 2 ? at::zeros_like(q) : at::empty_like(q);
+  Tensor dd = at::empty_like(d);
+  p.dq = dq.data_ptr();
+  p.dd = dd.data_ptr();
+  maxsim::launch_bwd(p, dtype_of(q), device_info(), at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dq, dd};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
+  m.def(
+      "fwd(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
+      "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, Tensor? pair_q, Tensor? pair_d, "
+      "int layout, int group, int max_lq, bool with_argmax, bool tf32) -> (Tensor, Tensor)");
+  m.def(
+      "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
+      "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, m) {
+  m.impl("fwd", &fwd);
+  m.impl("bwd", &bwd);
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
