@@ -6,12 +6,17 @@
 namespace maxsim {
 namespace {
 
-// Document rows per dD block: as many as fit a 64 KB fp32 accumulator, at most 128.
-int dd_rows(int dim) { return std::max(8, std::min(128, (64 * 1024) / (dim * 4))); }
+// Document rows per dD block: at most what fits a 64 KB fp32 accumulator, and few enough that
+// small batches still spread over every SM (each block's adds are a latency-bound chain).
+int dd_rows(int dim, int64_t total_rows, int num_sms) {
+  const int cap = std::max(8, std::min(128, (64 * 1024) / (dim * 4)));
+  const int64_t spread = total_rows / (2 * std::max(num_sms, 1));
+  return static_cast<int>(std::max<int64_t>(8, std::min<int64_t>(cap, spread)));
+}
 
 }  // namespace
 
-void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo&, cudaStream_t stream) {
+void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
     const int warps = kBwdThreads / 32;
@@ -20,7 +25,7 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo&, cudaStream_t
     if (p.q.count > 0 && q_rows > 0)
       bwd_dq_kernel<T><<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
     if (p.d.rows > 0) {
-      const int rows = dd_rows(p.dim);
+      const int rows = dd_rows(p.dim, p.d.rows, dev.num_sms);
       const size_t smem = size_t(rows) * p.dim * sizeof(float);
       cudaFuncSetAttribute(bwd_dd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));

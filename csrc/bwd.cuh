@@ -60,21 +60,38 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_dq_kernel(const BwdParams p, 
   const T* dg = static_cast<const T*>(p.d.data);
   T* out = static_cast<T*>(p.dq) + row_elem(p.q, i, gq.first_row, t);
   const PairRange r = pairs_of_query(p, i);
+  constexpr int kBatch = 8;  // independent gathers in flight per warp
   for (int c0 = 0; c0 < p.dim; c0 += 32 * 4) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int64_t k = r.begin; k < r.end; ++k) {
-      const int64_t o = query_pair_out(p, i, k);
-      const int a = p.argmax[o * p.max_lq + t];
-      if (a < 0) continue;
-      const float g = p.grad[o];
-      const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o));
-      const Segment gd = segment_of(p.d, j);
-      const T* dr = dg + row_elem(p.d, j, gd.first_row, a);
+    for (int64_t k0 = r.begin; k0 < r.end; k0 += kBatch) {
+      const T* rows[kBatch];
+      float g[kBatch];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = c0 + e * 32 + lane;
-        if (c < p.dim) acc[e] = fmaf(g, to_f32(dr[c]), acc[e]);
+      for (int b = 0; b < kBatch; ++b) {
+        rows[b] = nullptr;
+        g[b] = 0.f;
+        if (k0 + b < r.end) {
+          const int64_t o = query_pair_out(p, i, k0 + b);
+          const int a = p.argmax[o * p.max_lq + t];
+          if (a >= 0) {
+            const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o));
+            rows[b] = dg + row_elem(p.d, j, segment_of(p.d, j).first_row, a);
+            g[b] = p.grad[o];
+          }
+        }
       }
+      float v[kBatch][4];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = c0 + e * 32 + lane;
+          v[b][e] = rows[b] != nullptr && c < p.dim ? to_f32(rows[b][c]) : 0.f;
+        }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)  // fixed order: deterministic
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = fmaf(g[b], v[b][e], acc[e]);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -136,14 +153,47 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
       }
       if (row >= 0) { hit_out[pos] = o; hit_t[pos] = t; hit_row[pos] = row; }
       __syncthreads();
-      for (int h = 0; h < n_hits; ++h) {
-        const int ho = hit_out[h];
-        const int qi = pair_query(p.pairs, p.d.count, ho);
-        const Segment gq = segment_of(p.q, qi);
-        const T* qr = qg + row_elem(p.q, qi, gq.first_row, hit_t[h]);
-        const float g = p.grad[ho];
-        float* ar = acc + hit_row[h] * p.dim;
-        for (int c = tid; c < p.dim; c += kBwdThreads) ar[c] = fmaf(g, to_f32(qr[c]), ar[c]);
+      // Warp w adds the hits of the rows it owns (row % warps == w) in entry order; lanes split
+      // the columns. Batches of loads are issued before the adds so that they overlap.
+      constexpr int kBatch = 16;
+      for (int h0 = 0; h0 < n_hits; h0 += kBatch) {
+        const T* src[kBatch];
+        float g[kBatch];
+        int dst_row[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          src[b] = nullptr;
+          g[b] = 0.f;
+          dst_row[b] = 0;
+          const int h = h0 + b;
+          if (h < n_hits && hit_row[h] % (kBwdThreads / 32) == warp) {
+            const int ho = hit_out[h];
+            const int qi = pair_query(p.pairs, p.d.count, ho);
+            src[b] = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, hit_t[h]);
+            g[b] = p.grad[ho];
+            dst_row[b] = hit_row[h];
+          }
+        }
+        for (int c0 = 0; c0 < p.dim; c0 += 32 * 4) {
+          float v[kBatch][4];
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int c = c0 + e * 32 + lane;
+              v[b][e] = src[b] != nullptr && c < p.dim ? to_f32(src[b][c]) : 0.f;
+            }
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            if (src[b] == nullptr) continue;
+            float* ar = acc + dst_row[b] * p.dim;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int c = c0 + e * 32 + lane;
+              if (c < p.dim) ar[c] = fmaf(g[b], v[b][e], ar[c]);
+            }
+          }
+        }
       }
       __syncthreads();
     }

@@ -8,18 +8,29 @@
 namespace maxsim {
 namespace {
 
+// Sums the per-row-tile partial scores of long queries, in a fixed order.
+__global__ void sum_partials_kernel(const float* partial, float* scores, int m_tiles, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float s = 0.f;
+  for (int m = 0; m < m_tiles; ++m) s += partial[int64_t(m) * n + i];
+  scores[i] = s;
+}
+
+
 // Tile shapes. Why each exists:
 //  kSmall  32 x 64,  4 warps: one short query (Lq <= 32) against streamed documents; the
-//          memory-bound reranking case, 4 stages keep enough bytes in flight.
+//          memory-bound reranking case; 3 stages leave room for 3 blocks per SM.
 //  kMedium 64 x 64,  4 warps: queries of 33..64 tokens (or slices of long queries, D > 128).
 //  kLarge  128 x 128, 8 warps: long queries or several short queries of an all-pairs batch; the
-//          compute-bound case, where a 64 x 32 warp tile keeps ldmatrix traffic low per mma.
+//          compute-bound case, where a 64 x 32 warp tile keeps ldmatrix traffic low per mma;
+//          2 stages fit two blocks per SM.
 enum class Tile { kSimt, kSmall, kMedium, kLarge };
 
 template <Tile> struct TileShape;
-template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 4; };
+template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 3; };
 template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
-template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 3; };
+template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 2; };
 
 int tile_rows(Tile t) {
   switch (t) {

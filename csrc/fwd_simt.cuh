@@ -61,13 +61,4 @@ __global__ void __launch_bounds__(kSimtThreads) fwd_simt_kernel(const FwdParams 
   }
 }
 
-// Sums the per-row-tile partial scores of long queries, in a fixed order.
-__global__ void sum_partials_kernel(const float* partial, float* scores, int m_tiles, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = 0.f;
-  for (int m = 0; m < m_tiles; ++m) s += partial[int64_t(m) * n + i];
-  scores[i] = s;
-}
-
 }  // namespace maxsim

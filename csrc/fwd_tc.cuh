@@ -29,12 +29,14 @@ struct FwdTC {
 
   static int ld(int dim) { return (dim + 15) / 16 * 16 + 8; }  // +8 halves: conflict-free ldmatrix
   static size_t smem_bytes(int dim) {
-    return size_t(BM + STAGES * BN) * ld(dim) * sizeof(T) + size_t(WN) * BM * 8 + BM * 4;
+    return size_t(BM + STAGES * BN) * ld(dim) * sizeof(T) + size_t(WN) * BM * 8 + BM * 5;
   }
 };
 
 template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
-__global__ void __launch_bounds__(WM * WN * 32)
+// The 8-warp tile asks for two resident blocks per SM: one block alone cannot hide the
+// pipeline's barrier and load latency.
+__global__ void __launch_bounds__(WM * WN * 32, WM * WN == 8 ? 2 : 1)
 fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
   using Cfg = FwdTC<T, BM, BN, WM, WN, STAGES, kArgmax>;
@@ -51,6 +53,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * lds);
   int* red_i = reinterpret_cast<int*>(red_v + WN * BM);
   float* row_val = reinterpret_cast<float*>(red_i + WN * BM);
+  bool* row_ok = reinterpret_cast<bool*>(row_val + BM);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / WN, warp_n = warp % WN;
@@ -96,6 +99,12 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 
   // Synchronous load of the query rows (zero rows past a segment or past the batch).
   auto load_queries = [&](int qfirst) {
+    for (int r = tid; r < BM; r += Cfg::kThreads) {
+      const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
+      bool valid = false;
+      if (ql < grid.qpb && qi < num_q) valid = row_valid(p.q, segment_of(p.q, qi), t);
+      row_ok[r] = valid;
+    }
     for (int c = tid; c < BM * chunks; c += Cfg::kThreads) {
       const int r = c / chunks, k = c % chunks;
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
@@ -113,17 +122,23 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   int p_item = item_begin, p_tile = 0;
   Segment p_seg = segment_of(p.d, item_doc(p_item));
   auto tiles_of = [](const Segment& g) { return max(1, (g.len + BN - 1) / BN); };
+  // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
+  const int chunks_p2 = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
+  const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
+  const bool copies = my_chunk < chunks;
   auto issue = [&](int stage) {
     if (p_item < item_end) {
       const int doc = item_doc(p_item);
-      T* dst = d_s + stage * BN * lds;
+      T* dst = d_s + stage * BN * lds + my_chunk * 8;
       const int row0 = p_tile * BN;
-      for (int c = tid; c < BN * chunks; c += Cfg::kThreads) {
-        const int r = c / chunks, k = c % chunks;
-        const int s = row0 + r;
-        const bool in = s < p_seg.len && k * 8 < dim;
-        const T* src = in ? dg + row_elem(p.d, doc, p_seg.first_row, s) + k * 8 : dg;
-        cp_async16(dst + r * lds + k * 8, src, in ? 16 : 0);
+      const T* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * 8;
+      const bool col_in = copies && my_chunk * 8 < dim;
+      if (copies) {
+        for (int r = tid / chunks_p2; r < BN; r += row_step) {
+          const int s = row0 + r;
+          const bool in = col_in && s < p_seg.len;
+          cp_async16(dst + r * lds, in ? src0 + int64_t(s) * p.d.row_stride : dg, in ? 16 : 0);
+        }
       }
       if (++p_tile == tiles_of(p_seg)) {
         p_tile = 0;
@@ -190,32 +205,47 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
           mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
     }
 
-    // Running max over this tile's valid columns, lowest column first.
+    // Running max over this tile's valid columns. With argmax, the tile's max is found first
+    // (one max per element); only when it beats the running best is the row rescanned for the
+    // lowest column holding it, so the common path costs the same as without argmax.
     const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
     const bool full = (c_tile + 1) * BN <= c_seg.len && p.d.mask == nullptr;
+    bool ok[NT][2];
 #pragma unroll
-    for (int ni = 0; ni < NT; ++ni) {
+    for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = col0 + ni * 8 + e;
-        const bool ok = full || (col < c_seg.len &&
-                                 (p.d.mask == nullptr || p.d.mask[c_seg.first_row + col]));
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float v = acc[mi][ni][h * 2 + e];
-            if constexpr (kArgmax) {
-              if (ok && beats(v, col, Best{best_v[mi][h], best_i[mi][h]})) {
-                best_v[mi][h] = v;
-                best_i[mi][h] = col;
-              }
-            } else {
-              best_v[mi][h] = max_nan(best_v[mi][h], ok ? v : -INFINITY);
-            }
-          }
+        ok[ni][e] = full || (col < c_seg.len &&
+                             (p.d.mask == nullptr || p.d.mask[c_seg.first_row + col]));
       }
-    }
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) tmax = max_nan(tmax, ok[ni][e] ? acc[mi][ni][h * 2 + e] : -INFINITY);
+        if constexpr (kArgmax) {
+          const float b = best_v[mi][h];
+          if (tmax > b || (tmax != tmax && b == b)) {
+            int idx = -1;
+#pragma unroll
+            for (int ni = NT - 1; ni >= 0; --ni)
+#pragma unroll
+              for (int e = 1; e >= 0; --e) {
+                const float v = acc[mi][ni][h * 2 + e];
+                if (ok[ni][e] && (v == tmax || (v != v && tmax != tmax))) idx = col0 + ni * 8 + e;
+              }
+            best_v[mi][h] = tmax;
+            best_i[mi][h] = idx;
+          }
+        } else {
+          best_v[mi][h] = max_nan(best_v[mi][h], tmax);
+        }
+      }
 
     if (++c_tile == tiles_of(c_seg)) {
       // ---- end of a document: merge lanes, then warps, then sum rows per query.
@@ -258,13 +288,10 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
           }
         }
         const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
-        bool valid = false;
-        if (ql < grid.qpb && qi < num_q) {
-          const Segment g = segment_of(p.q, qi);
-          valid = row_valid(p.q, g, t);
-          if constexpr (kArgmax) {
-            if (t < p.max_lq) p.argmax[item_out(c_item, qi) * p.max_lq + t] = valid ? i : -1;
-          }
+        const bool valid = row_ok[r];
+        if constexpr (kArgmax) {
+          if (ql < grid.qpb && qi < num_q && t < p.max_lq)
+            p.argmax[item_out(c_item, qi) * p.max_lq + t] = valid ? i : -1;
         }
         const bool found = kArgmax ? i >= 0 : v != -INFINITY;
         row_val[r] = valid && found ? v : 0.f;

@@ -1,0 +1,314 @@
+"""Builds the CUDA ops straight from the sources and checks them against a float64 reference of
+the op contract (docs/ARCHITECTURE.md), then times the main workloads. Runs on a GPU machine:
+
+    python scripts/gpu_check.py [--bench] [--sanitize]
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL, GROUPED, PAIRS = 0, 1, 2
+
+
+def build():
+    t = time.time()
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}" + ("a" if major == 9 else "")
+    name = "_maxsim_cuda_check"
+    cpp_extension.load(
+        name=name,
+        sources=[os.path.join(ROOT, "csrc", f) for f in ("fwd.cu", "bwd.cu")]
+        + [os.path.join(ROOT, "torch-ext", "torch_binding.cpp")],
+        extra_include_paths=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "torch-ext")],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3", "-lineinfo", f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+        is_python_module=False,
+        verbose=False,
+    )
+    print(f"build: {time.time() - t:.1f} s", flush=True)
+    return getattr(torch.ops, name)
+
+
+# ---------------------------------------------------------------- float64 reference of the op
+def segments(x, offsets, lengths, mask):
+    """List of (rows [R, D] float64, valid [R] bool) per segment."""
+    out = []
+    if x.dim() == 3:
+        for n in range(x.shape[0]):
+            rows = x[n].double()
+            valid = torch.ones(x.shape[1], dtype=torch.bool, device=x.device)
+            if lengths is not None:
+                valid &= torch.arange(x.shape[1], device=x.device) < lengths[n]
+            if mask is not None:
+                valid &= mask[n]
+            out.append((rows, valid))
+    else:
+        off = offsets.tolist()
+        for n in range(len(off) - 1):
+            rows = x[off[n]:off[n + 1]].double()
+            valid = torch.ones(rows.shape[0], dtype=torch.bool, device=x.device)
+            if mask is not None:
+                valid &= mask[off[n]:off[n + 1]]
+            out.append((rows, valid))
+    return out
+
+
+def pair_list(layout, nq, nd, group, pq, pd):
+    if layout == ALL:
+        return [(i, j) for i in range(nq) for j in range(nd)]
+    if layout == GROUPED:
+        return [(i, i * group + k) for i in range(nq) for k in range(group)]
+    return list(zip(pq.tolist(), pd.tolist()))
+
+
+def ref_fwd(q, d, qo, ql, qm, do, dl, dm, pq, pd, layout, group, max_lq):
+    qs, ds = segments(q, qo, ql, qm), segments(d, do, dl, dm)
+    pairs = pair_list(layout, len(qs), len(ds), group, pq, pd)
+    scores = torch.zeros(len(pairs), dtype=torch.float64, device=q.device)
+    arg = torch.full((len(pairs), max_lq), -1, dtype=torch.int32, device=q.device)
+    for p, (i, j) in enumerate(pairs):
+        (qr, qv), (dr, dv) = qs[i], ds[j]
+        if qr.shape[0] == 0 or dr.shape[0] == 0 or not dv.any():
+            continue
+        sim = (qr @ dr.T).masked_fill(~dv[None, :], float("-inf"))
+        best, idx = sim.max(dim=1)
+        scores[p] = best[qv].sum()
+        idx = torch.where(qv, idx, -1).int()
+        arg[p, : min(max_lq, idx.numel())] = idx[:max_lq]
+    return scores.float(), arg, pairs
+
+
+def ref_bwd(grad, q, d, arg, qo, do, pairs):
+    """float64 gradients on the CPU, one vectorised gather / index_add per pair."""
+    q, d, arg, grad = q.cpu().double(), d.cpu().double(), arg.cpu().long(), grad.cpu().double()
+    qf, df = q.reshape(-1, q.shape[-1]), d.reshape(-1, d.shape[-1])
+    dq, dd = torch.zeros_like(qf), torch.zeros_like(df)
+    def first_row(x, off, n):
+        return n * x.shape[1] if x.dim() == 3 else int(off[n])
+    for p, (i, j) in enumerate(pairs):
+        t = torch.nonzero(arg[p] >= 0).flatten()
+        if t.numel() == 0:
+            continue
+        qrows = first_row(q, qo, i) + t
+        drows = first_row(d, do, j) + arg[p, t]
+        dq.index_add_(0, qrows, grad[p] * df[drows])
+        dd.index_add_(0, drows, grad[p] * qf[qrows])
+    return dq.view(q.shape), dd.view(d.shape)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# ---------------------------------------------------------------- random problems
+def token_set(n, L, D, dtype, packed, with_mask, gen_len):
+    dev = "cuda"
+    lens = torch.tensor([gen_len() for _ in range(n)], dtype=torch.int32)
+    if packed:
+        off = torch.zeros(n + 1, dtype=torch.int32)
+        off[1:] = lens.cumsum(0)
+        x = torch.randn(int(off[-1]), D, device=dev).to(dtype)
+        m = (torch.rand(x.shape[0], device=dev) > 0.2) if with_mask else None
+        return x, off.to(dev), None, m, int(lens.max()) if n else 0
+    x = torch.randn(n, L, D, device=dev) * 30  # padding holds large values
+    for k in range(n):
+        x[k, : lens[k]] = torch.randn(int(lens[k]), D, device=dev)
+    x = x.to(dtype)
+    m = (torch.rand(n, L, device=dev) > 0.2) if with_mask else None
+    return x, None, lens.to(dev), m, L
+
+
+def check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, nd_or_group, packed_q, packed_d, masks,
+               argmax=True, backward=True):
+    g = nd_or_group
+    q, qo, ql, qm, max_lq = token_set(nq, Lq, D, dtype, packed_q, masks, lambda: rng.randint(0, Lq))
+    ndocs = nq * g if layout == GROUPED else g
+    d, do, dl, dm, _ = token_set(ndocs, Ld, D, dtype, packed_d, masks, lambda: rng.randint(0, Ld))
+    pq = pd = None
+    if layout == PAIRS:
+        npairs = 3 * nq
+        pq = torch.sort(torch.randint(0, nq, (npairs,), dtype=torch.int32)).values.cuda()
+        pd = torch.randint(0, ndocs, (npairs,), dtype=torch.int32).cuda()
+    if not packed_q:
+        max_lq = Lq
+    args = (q, d, qo, ql, qm, do, dl, dm, pq, pd, layout, g if layout == GROUPED else 0, max_lq)
+    s, a = ops.fwd(*args, argmax, False)
+    rs, ra, pairs = ref_fwd(*args)
+    err = rel(s.flatten(), rs)
+    tol = 1e-5
+    ok = err <= tol and (not argmax or torch.equal(a.reshape(ra.shape), ra))
+    msg = f"layout={layout} {str(dtype)[6:]} D={D} Lq={Lq} Ld={Ld} nq={nq} g={g} pq={packed_q} pd={packed_d} m={masks} am={argmax}: err={err:.2e}"
+    if not ok:
+        bad = (a.reshape(ra.shape) != ra).sum().item() if argmax else 0
+        print("FAIL", msg, f"argmax mismatches={bad}", flush=True)
+        return False
+    if backward and argmax:
+        grad = torch.randn(s.shape, device="cuda")
+        dq, dd = ops.bwd(grad, q, d, a, qo, do, pq, pd, layout, g if layout == GROUPED else 0)
+        rdq, rdd = ref_bwd(grad.flatten(), q, d, ra, qo.tolist() if qo is not None else None,
+                           do.tolist() if do is not None else None, pairs)
+        e1, e2 = rel(dq.cpu(), rdq), rel(dd.cpu(), rdd)
+        gtol = 1e-5 if dtype == torch.float32 else (2e-3 if dtype == torch.float16 else 1e-2)
+        dq2, dd2 = ops.bwd(grad, q, d, a, qo, do, pq, pd, layout, g if layout == GROUPED else 0)
+        same = torch.equal(dq, dq2) and torch.equal(dd, dd2)
+        if e1 > gtol or e2 > gtol or not same:
+            print("FAIL bwd", msg, f"dq={e1:.2e} dd={e2:.2e} deterministic={same}", flush=True)
+            return False
+    return True
+
+
+def run_checks(ops):
+    import random
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    n_ok = n = 0
+    t = time.time()
+    cases = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for layout in (ALL, GROUPED, PAIRS):
+            for (D, Lq, Ld) in ((128, 32, 180), (64, 17, 65), (128, 128, 300), (24, 31, 33),
+                                (100, 5, 40), (256, 40, 129), (128, 300, 70), (8, 1, 1)):
+                for packed in ((False, False), (True, True), (False, True)):
+                    cases.append((layout, dtype, D, Lq, Ld, packed))
+    for (layout, dtype, D, Lq, Ld, (pq_, pd_)) in cases:
+        for masks in (False, True):
+            nq = rng.choice([1, 3, 5])
+            g = rng.choice([1, 4, 7])
+            n += 1
+            n_ok += check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, g, pq_, pd_, masks,
+                               argmax=rng.random() < 0.8)
+    # all-pairs with several short queries per row tile (the batched training layout)
+    for dtype in (torch.float16, torch.bfloat16):
+        for (nq, Lq, Ld) in ((33, 32, 80), (9, 16, 50), (6, 64, 129)):
+            n += 1
+            n_ok += check_case(ops, rng, ALL, dtype, 128, Lq, Ld, nq, 11, False, False, True)
+            n += 1
+            n_ok += check_case(ops, rng, ALL, dtype, 128, Lq, Ld, nq, 11, False, False, False, argmax=False)
+    print(f"checks: {n_ok}/{n} passed in {time.time() - t:.1f} s", flush=True)
+    return n_ok == n
+
+
+# ---------------------------------------------------------------- quick timings
+def bench(ops):
+    def timeit(fn, reps=50):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+            a.record(); fn(); b.record(); b.synchronize()
+            ts.append(a.elapsed_time(b))
+        ts.sort()
+        return ts[len(ts) // 2]
+
+    x = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() / timeit(lambda: y.copy_(x), 20) / 1e6  # GB/s
+    A = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    tf = 2 * 8192 ** 3 / timeit(lambda: A @ A, 10) / 1e9  # TFLOP/s
+    del x, y, A
+    print(f"ceilings: {bw:.0f} GB/s, {tf:.0f} TFLOP/s fp16", flush=True)
+
+    def norm(t):
+        return torch.nn.functional.normalize(t.float(), dim=-1).to(t.dtype)
+
+    rows = []
+    for name, B, K, Lq, Ld in (("rerank", 32, 50, 32, 180), ("rerank_heavy", 32, 100, 32, 256),
+                               ("rerank_colpali", 8, 100, 32, 1024)):
+        for dtype in (torch.float16, torch.bfloat16):
+            nbuf = 3
+            Qs = [norm(torch.randn(B, Lq, 128, device="cuda", dtype=dtype)) for _ in range(nbuf)]
+            Ds = [norm(torch.randn(B * K, Ld, 128, device="cuda", dtype=dtype)) for _ in range(nbuf)]
+            lens = [torch.randint(Ld // 2, Ld + 1, (B * K,), device="cuda", dtype=torch.int32) for _ in range(nbuf)]
+            it = [0]
+            def run():
+                i = it[0] % nbuf; it[0] += 1
+                return ops.fwd(Qs[i], Ds[i], None, None, None, None, lens[i], None, None, None, GROUPED, K, Lq, False, False)
+            ms = timeit(run)
+            byts = B * Lq * 128 * 2 + sum(1 for _ in [0]) * B * K * Ld * 128 * 2 + B * K * 4
+            flops = 2 * B * K * Lq * Ld * 128
+            floor = max(byts / bw / 1e6, flops / tf / 1e9)
+            def naive():
+                i = 0
+                Dv = Ds[i].view(B, K, Ld, 128)
+                sim = torch.einsum("bqh,bkdh->bkqd", Qs[i].float(), Dv.float())
+                valid = torch.arange(Ld, device="cuda")[None, :] < lens[i][:, None]
+                sim = sim.masked_fill(~valid.view(B, K, 1, Ld), float("-inf"))
+                return sim.max(-1).values.sum(-1)
+            ms_naive = timeit(naive, 10)
+            rows.append((name, str(dtype)[6:], ms, floor, ms_naive))
+    for name, nq, nd, Lq, Ld in (("corpus", 16, 10000, 32, 1024), ("allpairs_large", 128, 128, 128, 1024)):
+        for dtype in (torch.float16, torch.bfloat16):
+            Q = norm(torch.randn(nq, Lq, 128, device="cuda", dtype=dtype))
+            Dm = norm(torch.randn(nd, Ld, 128, device="cuda", dtype=dtype))
+            ms = timeit(lambda: ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, False, False), 20)
+            flops = 2 * nq * nd * Lq * Ld * 128
+            byts = (Q.numel() + Dm.numel()) * 2 + nq * nd * 4
+            floor = max(byts / bw / 1e6, flops / tf / 1e9)
+            rows.append((name, str(dtype)[6:], ms, floor, float("nan")))
+            del Dm
+    # training step, all pairs
+    for name, n, Lq, Ld, dtype in (("train_small", 32, 32, 80, torch.float16), ("train_medium", 64, 32, 128, torch.float16),
+                                   ("train_colpali", 128, 128, 1024, torch.bfloat16)):
+        Q = norm(torch.randn(n, Lq, 128, device="cuda", dtype=dtype))
+        Dm = norm(torch.randn(n, Ld, 128, device="cuda", dtype=dtype))
+        tgt = torch.arange(n, device="cuda")
+        def step():
+            s, a = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, True, False)
+            s = s.requires_grad_()
+            loss = torch.nn.functional.cross_entropy(s, tgt)
+            (g,) = torch.autograd.grad(loss, s)
+            return ops.bwd(g, Q, Dm, a, None, None, None, None, ALL, 0)
+        ms = timeit(step, 30)
+        s0, a0 = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, True, False)
+        g0 = torch.randn_like(s0)
+        ms_f = timeit(lambda: ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, True, False), 30)
+        ms_b = timeit(lambda: ops.bwd(g0, Q, Dm, a0, None, None, None, None, ALL, 0), 30)
+        print(f"{name}: fwd+argmax {ms_f:.3f} ms, bwd {ms_b:.3f} ms", flush=True)
+        flops = 2 * n * n * Lq * Ld * 128 + 4 * n * n * Lq * 128
+        byts = 2 * (Q.numel() + Dm.numel()) * 2
+        floor = max(byts / bw / 1e6, flops / tf / 1e9)
+        rows.append((name, str(dtype)[6:], ms, floor, float("nan")))
+    print(f"{'workload':16s} {'dtype':9s} {'ms':>8s} {'x floor':>8s} {'naive ms':>9s}")
+    for r in rows:
+        print(f"{r[0]:16s} {r[1]:9s} {r[2]:8.3f} {r[2] / r[3]:8.2f} {r[4]:9.3f}")
+
+
+def profile_run(ops):
+    def norm(t):
+        return torch.nn.functional.normalize(t.float(), dim=-1).to(torch.float16)
+    Q = norm(torch.randn(16, 32, 128, device="cuda"))
+    Dm = norm(torch.randn(2000, 1024, 128, device="cuda"))
+    ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, 32, False, False)
+    Q = norm(torch.randn(8, 32, 128, device="cuda"))
+    Dm = norm(torch.randn(800, 1024, 128, device="cuda"))
+    ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, GROUPED, 100, 32, False, False)
+    Q = norm(torch.randn(128, 128, 128, device="cuda"))
+    Dm = norm(torch.randn(128, 1024, 128, device="cuda"))
+    s, a = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, 128, True, False)
+    ops.bwd(torch.randn_like(s), Q, Dm, a, None, None, None, None, ALL, 0)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--profile-run", action="store_true", help="one call of each heavy kernel, for ncu")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda, flush=True)
+    ops = build()
+    if args.profile_run:
+        profile_run(ops)
+        sys.exit(0)
+    ok = True if args.no_check else run_checks(ops)
+    if args.bench:
+        bench(ops)
+    sys.exit(0 if ok else 1)
