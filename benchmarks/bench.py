@@ -1,0 +1,500 @@
+"""Benchmark harness: ceilings, then every workload x dtype x implementation, into one JSON.
+
+    python benchmarks/bench.py                      # full matrix (+ sweeps if time allows)
+    python benchmarks/bench.py --only rerank,corpus --dtype bf16 --impl maxsim,naive
+    python benchmarks/bench.py --sweeps             # only the sweep rows (README plots)
+    python benchmarks/bench.py --smoke              # CPU, tiny shapes, maxsim(torch) + naive
+
+Per row: warm-up; one untimed call for peak memory (above what was allocated before it) and
+correctness against a float64 reference on the same cast inputs; then >= 30 timed calls with CUDA
+events, rotating input sets that together exceed the L2; p20/p50/p80. OOM and errors become the
+row's status, never a crash. Results go to bench_results/<gpu>.json (see bench_results/README.md):
+the unfiltered full run replaces that file, any selection (--only, --sweeps, --dtype, --impl)
+merges its rows into it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("LIK_SUPPRESS_NORM_WARN", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from impls import REPO, Maxsim, Naive  # noqa: E402
+from peers import PEERS  # noqa: E402
+from workloads import BY_NAME, REGISTRY, Unsupported, describe, setup  # noqa: E402
+
+SCHEMA = 1
+IMPL_ORDER = ["maxsim", "naive", "flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]
+DTYPE_ORDER = ["fp16", "bf16", "fp32"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment
+# ----------------------------------------------------------------------------------------------
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'NVIDIA GeForce RTX 4090' -> 'rtx4090'."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    words = [w for w in words if w not in ("nvidia", "geforce", "tesla", "quadro")]
+    for i, w in enumerate(words):
+        if re.search(r"\d", w) and not re.fullmatch(r"\d+gb", w):
+            if w.isdigit() and i > 0:
+                return words[i - 1] + w
+            return w
+    return "-".join(words) or "gpu"
+
+
+def git_state() -> tuple[str, bool]:
+    """(commit, dirty) from git when the tree has a .git, else from MAXSIM_COMMIT/MAXSIM_DIRTY.
+    Result files are not counted as changes."""
+    if (REPO / ".git").exists():
+        try:
+            run = lambda *a: subprocess.run(a, cwd=REPO, capture_output=True, text=True,  # noqa: E731
+                                            check=True).stdout
+            commit = run("git", "rev-parse", "HEAD").strip()
+            dirty = bool(run("git", "status", "--porcelain", "--", ".",
+                             ":(exclude)bench_results").strip())
+            return commit, dirty
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    commit = os.environ.get("MAXSIM_COMMIT", "unknown")
+    dirty = os.environ.get("MAXSIM_DIRTY", "1").strip().lower() not in ("0", "false", "no", "")
+    return commit, dirty
+
+
+def driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.strip().splitlines()[0] or None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing and memory
+# ----------------------------------------------------------------------------------------------
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fns, device, *, min_reps=30, max_reps=300, target_s=0.4, warmup=3):
+    """Milliseconds per call (list), rotating over ``fns`` (one per input set). Warm-up first
+    (compilation and autotuning stay out), then a rep count sized to ~target_s of work."""
+    n = len(fns)
+    for i in range(warmup):
+        fns[i % n]()
+    sync(device)
+    t0, k = time.perf_counter(), 0
+    while k < 2 or (k < 20 and time.perf_counter() - t0 < 0.05):
+        fns[k % n]()
+        sync(device)
+        k += 1
+    est = (time.perf_counter() - t0) / k
+    reps = int(min(max_reps, max(min_reps, target_s / max(est, 1e-7))))
+    if device.type == "cuda":
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+        out = None
+        for r in range(reps):
+            ev[r][0].record()
+            out = fns[r % n]()
+            ev[r][1].record()
+        del out
+        torch.cuda.synchronize(device)
+        return [a.elapsed_time(b) for a, b in ev]
+    ms = []
+    for r in range(reps):
+        t = time.perf_counter()
+        fns[r % n]()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return ms
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    i = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(i), math.ceil(i)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+
+def memory_call(fn, device):
+    """(output, peak MB above what was allocated before the call) of one untimed call."""
+    if device.type != "cuda":
+        return fn(), None
+    gc.collect()
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_ceilings(device, smoke):
+    """HBM: a large device-to-device copy, bytes read + written. Matmul: n^3 fp16 and bf16 products
+    on random data. Medians of 30 timed calls."""
+    n_bytes = (16 << 20) if smoke else (2 << 30)
+    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = percentile(time_calls([lambda: dst.copy_(src)], device, target_s=0.2), 50)
+    hbm = 2 * n_bytes / (ms * 1e-3) / 1e9
+    src = dst = None
+    n = 256 if smoke else 8192
+    rates = {}
+    for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        a = torch.randn(n, n, device=device, dtype=dt)
+        b = torch.randn(n, n, device=device, dtype=dt)
+        ms = percentile(time_calls([lambda a=a, b=b: a @ b], device, target_s=0.3), 50)
+        rates[name] = 2 * n**3 / (ms * 1e-3) / 1e12
+        a = b = None
+    free(device)
+    return {"hbm_gbps": hbm, "fp16_tflops": rates["fp16"], "bf16_tflops": rates["bf16"]}
+
+
+def floor_ms(work, dtype_name, ceil):
+    t_mem = work.bytes / (ceil["hbm_gbps"] * 1e9)
+    rate = ceil.get(f"{dtype_name}_tflops")
+    t_flop = work.flops / (rate * 1e12) if rate else 0.0
+    return max(t_mem, t_flop) * 1e3
+
+
+# ----------------------------------------------------------------------------------------------
+# One row
+# ----------------------------------------------------------------------------------------------
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def row_skeleton_for(workload, dtype, impl, floor=None):
+    return {"workload": workload, "dtype": dtype, "impl": impl, "status": "ok", "ms_p20": None,
+            "ms_p50": None, "ms_p80": None, "floor_ms": floor, "peak_mb": None, "rel_err": None,
+            "top10_agree": None, "note": ""}
+
+
+def row_skeleton(case, impl, floor):
+    return row_skeleton_for(case.workload.name, case.dtype_name, impl.name, floor)
+
+
+def run_row(case, impl, ref, floor, device, args, state):
+    row = row_skeleton(case, impl, floor)
+    notes = [impl.note(case)]
+    if state.get("broken"):
+        row.update(status="error", note=f"not run: {state['broken']}")
+        return row
+    fns = out = None
+    try:
+        try:
+            fns = [impl.bind(case, s) for s in case.sets]
+        except Unsupported as e:
+            row.update(status="unsupported", note=str(e))
+            return row
+        if impl.name == "naive" and device.type == "cuda":
+            need = case.kind.naive_bytes(case.params, case.meta, case.dtype)
+            have = torch.cuda.mem_get_info(device)[0]
+            if need > have:
+                row.update(status="oom", note=f"not run: needs > {need / 2**30:.1f} GiB, "
+                                              f"{have / 2**30:.1f} GiB free")
+                return row
+        for i in range(2):
+            fns[i % len(fns)]()
+        sync(device)
+        out, peak = memory_call(fns[0], device)
+        row["peak_mb"] = peak
+        err, top, cnote = case.kind.check(out, ref)
+        out = None
+        row["rel_err"], row["top10_agree"] = err, top
+        notes.append(cnote)
+        if err is None:
+            row["status"] = "error"
+        ms = time_calls(fns, device, min_reps=args.min_reps, target_s=args.target_s)
+        row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50), ms_p80=percentile(ms, 80))
+        notes.append(f"{len(ms)} reps, {len(fns)} input sets")
+    except Exception as e:  # noqa: BLE001 - every failure is recorded in the row
+        out = None
+        row["status"] = "oom" if is_oom(e) else "error"
+        notes.append(_short(e))
+        if device.type == "cuda" and not is_oom(e):
+            try:
+                torch.cuda.synchronize(device)
+            except Exception as e2:  # noqa: BLE001 - a sticky CUDA error poisons the context
+                state["broken"] = f"CUDA context lost at {case.workload.name}/{impl.name}: " \
+                                  f"{_short(e2)}"
+    finally:
+        fns = out = None
+        free(device)
+    row["note"] = "; ".join(n for n in notes if n)
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+
+
+def _order_key(row):
+    names = [w.name for w in REGISTRY]
+    w = names.index(row["workload"]) if row["workload"] in names else len(names)
+    d = DTYPE_ORDER.index(row["dtype"]) if row["dtype"] in DTYPE_ORDER else 9
+    i = IMPL_ORDER.index(row["impl"]) if row["impl"] in IMPL_ORDER else 99
+    return (w, row["workload"], d, i, row["impl"])
+
+
+def _clean(x):
+    """JSON-safe: NaN/inf become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_results(path: Path, header: dict, rows: list, base_rows: list):
+    """Rows of this run replace rows with the same (workload, dtype, impl) in ``base_rows``."""
+    key = lambda r: (r["workload"], r["dtype"], r["impl"])  # noqa: E731
+    new = {key(r) for r in rows}
+    merged = sorted([r for r in base_rows if key(r) not in new] + rows, key=_order_key)
+    doc = dict(header)
+    workloads = dict(header.get("workloads", {}))
+    doc["workloads"] = {k: workloads[k] for k in sorted(workloads)}
+    doc["rows"] = merged
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(doc), indent=1) + "\n")
+    tmp.replace(path)
+
+
+def fmt(x, spec):
+    width = re.match(r"\d*", spec).group()
+    return format("-", f">{width}") if x is None else format(x, spec)
+
+
+def print_table(rows):
+    naive = {(r["workload"], r["dtype"]): r["ms_p50"] for r in rows
+             if r["impl"] == "naive" and r["status"] == "ok"}
+    print(f"\n{'workload':<16} {'dtype':<5} {'impl':<25} {'p50 ms':>9} {'x floor':>8} "
+          f"{'x naive':>8} {'rel_err':>8}  status")
+    for r in rows:
+        p50 = r["ms_p50"]
+        xf = p50 / r["floor_ms"] if p50 and r["floor_ms"] else None
+        nv = naive.get((r["workload"], r["dtype"]))
+        xn = nv / p50 if p50 and nv else None
+        st = "" if r["status"] == "ok" else r["status"]
+        print(f"{r['workload']:<16} {r['dtype']:<5} {r['impl']:<25} {fmt(p50, '9.4f')} "
+              f"{fmt(xf, '8.2f')} {fmt(xn, '8.2f')} {fmt(r['rel_err'], '8.1e')}  {st}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", help="comma-separated workload names")
+    ap.add_argument("--sweeps", action="store_true",
+                    help="run the sweep workloads (rerank_ld*, train_mem_b*)")
+    ap.add_argument("--no-sweeps", action="store_true", help="leave the sweeps out of a full run")
+    ap.add_argument("--dtype", help="comma-separated: fp16,bf16")
+    ap.add_argument("--impl", help="comma-separated implementation names")
+    ap.add_argument("--out", help="output JSON (default bench_results/<gpu>.json)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU, tiny shapes, maxsim(backend='torch') and naive only")
+    ap.add_argument("--budget-s", type=float, default=390.0,
+                    help="a full run starts no sweep workload after this many seconds")
+    ap.add_argument("--min-reps", type=int, default=None, help="timed calls per row (>= 30)")
+    ap.add_argument("--target-s", type=float, default=None,
+                    help="seconds of timed work per row before the rep cap")
+    ap.add_argument("--list", action="store_true", help="list the workloads and exit")
+    return ap.parse_args(argv)
+
+
+def select(args):
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    if args.only:
+        names = split(args.only)
+        bad = [n for n in names if n not in BY_NAME]
+        if bad:
+            sys.exit(f"unknown workload(s) {bad}; known: {[w.name for w in REGISTRY]}")
+        chosen = [BY_NAME[n] for n in names]
+        if args.sweeps:
+            chosen += [w for w in REGISTRY if w.sweep and w not in chosen]
+    elif args.sweeps:
+        chosen = [w for w in REGISTRY if w.sweep]
+    else:
+        chosen = [w for w in REGISTRY if not (w.sweep and args.no_sweeps)]
+    dtypes = set(split(args.dtype)) if args.dtype else None
+    impls = set(split(args.impl)) if args.impl else None
+    return chosen, dtypes, impls
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.list:
+        for w in REGISTRY:
+            print(f"{w.name:<16} {w.kind:<9} {'/'.join(w.dtypes):<10} {describe(w.kind, w.params)}"
+                  f"{'  (sweep)' if w.sweep else ''}")
+        return 0
+    t_start = time.perf_counter()
+    chosen, dtypes, impl_filter = select(args)
+    # Only the unfiltered full run replaces the file; any selection merges into it.
+    merge = bool(args.only or args.sweeps or args.dtype or args.impl)
+    requested = {w.name for w in chosen} if (args.only or args.sweeps) else set()
+    if args.min_reps is None:
+        args.min_reps = 5 if args.smoke else 30
+    if args.target_s is None:
+        args.target_s = 0.02 if args.smoke else 0.4
+
+    if args.smoke:
+        device = torch.device("cpu")
+        gpu, l2 = "cpu", 1 << 20
+        impls = [Maxsim(backend="torch"), Naive()]
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("bench.py needs a CUDA GPU (use --smoke to exercise it on the CPU)")
+        device = torch.device("cuda")
+        props = torch.cuda.get_device_properties(device)
+        gpu, l2 = props.name, getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
+        impls = [Maxsim(), Naive()] + [P() for P in PEERS]
+    if impl_filter:
+        impls = [i for i in impls if i.name in impl_filter]
+    usable = []
+    for impl in impls:
+        t0 = time.perf_counter()
+        why = impl.unavailable()  # imports it (maxsim may build its extension here, once)
+        dt = time.perf_counter() - t0
+        if why:
+            print(f"[skip] {impl.name}: {why}")
+        else:
+            usable.append(impl)
+            print(f"[impl] {impl.name} {impl.version() or ''} (import {dt:.1f}s)")
+
+    out_path = Path(args.out) if args.out else (
+        Path("/tmp/maxsim-bench-smoke.json") if args.smoke
+        else REPO / "bench_results" / f"{gpu_slug(gpu)}.json")
+    base_rows, old_workloads = [], {}
+    if merge and out_path.exists():
+        try:
+            old = json.loads(out_path.read_text())
+            if old.get("schema") == SCHEMA:
+                base_rows, old_workloads = old.get("rows", []), old.get("workloads", {})
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"[warn] cannot merge into {out_path}: {e}; starting afresh")
+
+    torch.manual_seed(0)
+    ceilings = measure_ceilings(device, args.smoke)
+    commit, dirty = git_state()
+    header = {
+        "schema": SCHEMA, "commit": commit, "dirty": dirty, "gpu": gpu,
+        "torch": torch.__version__, "cuda": torch.version.cuda or "", "triton": triton_version(),
+        "ceilings": ceilings,
+        "driver": driver_version() if device.type == "cuda" else None,
+        "l2_mb": l2 / 2**20,
+        "versions": {i.name: i.version() for i in usable if i.version()},
+    }
+    print(f"{gpu} | torch {header['torch']} | CUDA {header['cuda']} | triton {header['triton']} "
+          f"| commit {commit[:12]}{' (dirty)' if dirty else ''}")
+    print(f"ceilings: HBM {ceilings['hbm_gbps']:.0f} GB/s, fp16 {ceilings['fp16_tflops']:.0f} "
+          f"TFLOP/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s")
+
+    rows, workloads_meta, state = [], dict(old_workloads), {}
+    skipped = []
+    for wl in chosen:
+        late = time.perf_counter() - t_start > args.budget_s
+        if wl.sweep and wl.name not in requested and late:
+            skipped.append(wl.name)
+            continue
+        shape = wl.shape(args.smoke)
+        workloads_meta[wl.name] = {"kind": wl.kind, "shape": describe(wl.kind, shape), **shape,
+                                   "sweep": wl.sweep, "about": wl.about}
+        for dt in wl.dtypes:
+            if dtypes and dt not in dtypes:
+                continue
+            t_case = time.perf_counter()
+            case = ref = None
+            try:
+                case = setup(wl, dt, device, smoke=args.smoke, l2_bytes=l2)
+                ref = case.kind.reference(case.sets[0], case.meta)
+                free(device)
+                floor = floor_ms(case.kind.work(case.params, case.meta, case.dtype), dt, ceilings)
+                for impl in usable:
+                    if case.kind.name not in impl.kinds:
+                        continue
+                    t_row = time.perf_counter()
+                    row = run_row(case, impl, ref, floor, device, args, state)
+                    rows.append(row)
+                    print(f"  {wl.name:<16} {dt:<5} {impl.name:<25} {row['status']:<11} "
+                          f"p50 {fmt(row['ms_p50'], '.4f')} ms  floor {floor:.4f} ms  "
+                          f"rel_err {fmt(row['rel_err'], '.1e')}  "
+                          f"[{time.perf_counter() - t_row:.1f}s] {row['note']}", flush=True)
+            except Exception as e:  # noqa: BLE001 - setup or reference failed: record, go on
+                for impl in usable:
+                    if wl.kind in impl.kinds:
+                        r = row_skeleton_for(wl.name, dt, impl.name)
+                        r.update(status="oom" if is_oom(e) else "error",
+                                 note=f"setup failed: {_short(e)}")
+                        rows.append(r)
+                print(f"  {wl.name:<16} {dt:<5} setup failed: {_short(e)}", flush=True)
+            finally:
+                case = ref = None
+                free(device)
+            print(f"  -- {wl.name} {dt} done in {time.perf_counter() - t_case:.1f}s "
+                  f"(total {time.perf_counter() - t_start:.0f}s)", flush=True)
+            header["workloads"] = workloads_meta
+            header["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+            write_results(out_path, header, rows, base_rows)
+
+    header["workloads"] = workloads_meta
+    header["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    write_results(out_path, header, rows, base_rows)
+    print_table(sorted(rows, key=_order_key))
+    if skipped:
+        print(f"\nsweeps left out for time ({args.budget_s:.0f}s budget): {', '.join(skipped)}; "
+              f"add them with: python benchmarks/bench.py --sweeps")
+    print(f"\nwrote {out_path} ({len(rows)} rows, {time.perf_counter() - t_start:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

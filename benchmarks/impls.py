@@ -1,0 +1,109 @@
+"""The implementations the harness measures: ``maxsim`` (this package) and ``naive`` (plain
+PyTorch). The peers live in peers.py. Each implementation binds one input set of a ``Case`` to a
+zero-argument callable that returns the scores (inference) or ``(dQ, dD)`` (training step)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Callable
+
+from workloads import Case, Unsupported, train_step
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def on_cuda(case: Case) -> bool:
+    return next(iter(case.sets[0].values())).is_cuda
+
+
+class Impl:
+    name = ""
+    peer = False
+    kinds: tuple = ("rerank", "allpairs", "varlen", "train")
+
+    def unavailable(self) -> str | None:
+        """None when usable here, else why not (its rows are then left out)."""
+        return None
+
+    def version(self) -> str | None:
+        return None
+
+    def note(self, case: Case) -> str:
+        """Extra words for every row of this implementation (e.g. which entry point ran)."""
+        return ""
+
+    def bind(self, case: Case, s: dict) -> Callable[[], object]:
+        raise NotImplementedError
+
+
+class Naive(Impl):
+    """einsum in the input dtype (tensor cores, fp32 accumulation inside the GEMM), padding set to
+    -inf with masked_fill, max over document tokens, sum over query tokens in fp32."""
+
+    name = "naive"
+
+    def bind(self, case, s):
+        return case.kind.naive(s, case.meta)
+
+
+def _import_maxsim():
+    try:
+        return importlib.import_module("maxsim")
+    except ImportError:
+        ext = str(REPO / "torch-ext")
+        if ext not in sys.path:
+            sys.path.append(ext)
+        return importlib.import_module("maxsim")
+
+
+class Maxsim(Impl):
+    """This package through its native surface, boolean masks for padding (as PyLate calls it)."""
+
+    name = "maxsim"
+
+    def __init__(self, backend="auto"):
+        self.backend = backend
+        self._mod = None
+        self._err = None
+
+    @property
+    def mod(self):
+        if self._mod is None and self._err is None:
+            try:
+                self._mod = _import_maxsim()
+            except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+                self._err = f"{type(e).__name__}: {e}"
+        return self._mod
+
+    def unavailable(self):
+        return None if self.mod is not None else f"cannot import maxsim ({self._err})"
+
+    def version(self):
+        return getattr(self.mod, "__version__", None)
+
+    def note(self, case):
+        words = [] if self.backend == "auto" else [f"backend={self.backend}"]
+        if self.backend == "auto" and on_cuda(case):
+            try:
+                ops, reason = self.mod.cuda_ops()
+            except Exception as e:  # noqa: BLE001 - report whatever stops the lookup
+                ops, reason = None, f"{type(e).__name__}: {e}"
+            if ops is None:
+                words.append(f"ran the PyTorch fallback ({reason})")
+        return "; ".join(words)
+
+    def bind(self, case, s):
+        M, meta, kind, b = self.mod, case.meta, case.kind.name, self.backend
+        if kind in ("rerank", "allpairs"):  # D is 4-D [B, K, Ld, H] or 3-D [Nd, Ld, H]
+            return lambda: M.maxsim(s["Q"], s["D"], d_mask=meta["d_mask"], backend=b)
+        if kind == "varlen":
+            K, mq = case.params["K"], meta["max_q"]
+            return lambda: M.maxsim_varlen(s["q"], meta["cu_q"], s["d"], meta["cu_d"],
+                                           max_seqlen_q=mq, num_candidates=K, backend=b)
+        if kind == "train":
+            Q, D = s["Q"], s["D"]
+            return lambda: train_step(
+                lambda: M.maxsim(Q, D, d_mask=meta["d_mask"], backend=b), Q, D, meta["targets"])
+        raise Unsupported(f"no maxsim entry point for kind {kind!r}")

@@ -1,0 +1,248 @@
+"""Time one PyLate training step with and without maxsim.integrations.pylate.
+
+A ColBERT with random weights (BERT encoder, default 4 layers, hidden 256, 128-d output) takes one
+AdamW step through PyLate's Contrastive loss (query, positive, negative: in-batch negatives over
+2*B documents) and through its Distillation loss (B queries, K candidates each). Each step is timed
+with CUDA events, median of --iters after --warmup, once with PyLate's own scoring and once patched;
+the loss values of the two are compared as a sanity check.
+
+    python benchmarks/pylate_step.py --out bench_results/pylate_step.json
+    python benchmarks/pylate_step.py --device cpu --quick      # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_colbert(path: Path, args, device: str):
+    import transformers
+    from pylate import models
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "?", ";"]
+    words += [f"w{i}" for i in range(2000)]
+    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+    config = transformers.BertConfig(
+        vocab_size=len(words),
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        intermediate_size=4 * args.hidden,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return models.ColBERT(
+        model_name_or_path=str(path),
+        device=device,
+        embedding_size=args.dim,
+        query_length=args.lq,
+        document_length=args.ld,
+    )
+
+
+def sentences(n: int, max_words: int, seed: int) -> list[str]:
+    """Random word sequences with punctuation (the skiplist makes holes in the document masks).
+    The first one is full length, so every batch is padded to the model's maximum length."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = (
+            max_words
+            if i == 0
+            else int(torch.randint(max_words // 4, max_words + 1, (1,), generator=g))
+        )
+        words = [f"w{int(w)}" for w in torch.randint(0, 2000, (length,), generator=g)]
+        for pos in torch.randint(0, length, (length // 12,), generator=g).tolist():
+            words[pos] = ".,!?;"[pos % 5]
+        out.append(" ".join(words))
+    return out
+
+
+def to_device(features: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in features.items()}
+
+
+def time_steps(step, iters: int, warmup: int, device: str) -> list[float]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def make_step(model, loss_fn, features, labels, bf16: bool, device: str):
+    """One training step: loss, backward, AdamW update (lr 0: every step sees the same weights)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            value = loss_fn(features, labels) if labels is not None else loss_fn(features)
+        value.backward()
+        optimizer.step()
+        return value
+
+    return step
+
+
+def run_loss(name: str, model, make_loss, features, labels, args, device: str) -> dict:
+    from maxsim.integrations import pylate as integration
+
+    row = {"loss": name}
+    values = {}
+    for variant in ("pylate", "maxsim"):
+        integration.patch() if variant == "maxsim" else integration.unpatch()
+        step = make_step(model, make_loss(), features, labels, args.dtype == "bf16", device)
+        torch.manual_seed(0)  # the same dropout masks for both variants' checked step
+        values[variant] = float(step().detach())
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = time_steps(step, args.iters, args.warmup, device)
+        row[f"{variant}_ms"] = statistics.median(times)
+        row[f"{variant}_p20_ms"] = statistics.quantiles(times, n=5)[0]
+        row[f"{variant}_p80_ms"] = statistics.quantiles(times, n=5)[-1]
+        if device == "cuda":
+            row[f"{variant}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    integration.unpatch()
+    row["speedup"] = row["pylate_ms"] / row["maxsim_ms"]
+    row["loss_pylate"], row["loss_maxsim"] = values["pylate"], values["maxsim"]
+    return row
+
+
+def environment(device: str) -> dict:
+    import pylate
+
+    def git(*cmd):
+        try:
+            return subprocess.run(
+                ["git", *cmd], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+        except OSError:
+            return ""
+
+    env = {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain")),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "pylate": pylate.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
+    }
+    return env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lq", type=int, default=32)
+    parser.add_argument("--ld", type=int, default=180)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument(
+        "--kd-ways", type=int, default=8, help="candidates per query (Distillation)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16 runs the step under torch.autocast",
+    )
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 3 iterations")
+    args = parser.parse_args()
+    if args.quick:
+        args.batch, args.lq, args.ld, args.layers, args.hidden, args.dim = 4, 16, 40, 1, 64, 32
+        args.kd_ways, args.iters, args.warmup = 2, 3, 1
+
+    from pylate import losses
+
+    device = args.device
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_colbert(Path(tmp), args, device)
+    model.train()
+    queries = to_device(model.tokenize(sentences(args.batch, args.lq, 1), is_query=True), device)
+    positives = to_device(model.tokenize(sentences(args.batch, args.ld, 2), is_query=False), device)
+    negatives = to_device(model.tokenize(sentences(args.batch, args.ld, 3), is_query=False), device)
+    candidates = to_device(
+        model.tokenize(sentences(args.batch * args.kd_ways, args.ld, 4), is_query=False), device
+    )
+    teacher = torch.randn(args.batch, args.kd_ways, device=device).log_softmax(-1)
+
+    rows = [
+        run_loss(
+            "contrastive",
+            model,
+            lambda: losses.Contrastive(model=model),
+            [queries, positives, negatives],
+            None,
+            args,
+            device,
+        ),
+        run_loss(
+            "distillation",
+            model,
+            lambda: losses.Distillation(model=model),
+            [queries, candidates],
+            teacher,
+            args,
+            device,
+        ),
+    ]
+
+    shape = (
+        f"B={args.batch} Lq={args.lq} Ld={args.ld} dim={args.dim} "
+        f"BERT {args.layers}x{args.hidden} {args.dtype} on {device}"
+    )
+    print(f"PyLate training step, median of {args.iters} ({shape})")
+    print(f"{'loss':<14}{'pylate ms':>11}{'maxsim ms':>11}{'speedup':>9}{'|dloss|':>10}")
+    for row in rows:
+        diff = abs(row["loss_pylate"] - row["loss_maxsim"])
+        print(
+            f"{row['loss']:<14}{row['pylate_ms']:>11.2f}{row['maxsim_ms']:>11.2f}"
+            f"{row['speedup']:>8.2f}x{diff:>10.1e}"
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        config = {k: v for k, v in vars(args).items() if k != "out"}
+        report = {
+            "benchmark": "pylate_step",
+            "config": config,
+            "env": environment(device),
+            "rows": rows,
+        }
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""CPU tests of the benchmark harness and the README renderer (no GPU, no peers needed)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench  # noqa: E402
+import render  # noqa: E402
+
+REQUIRED_ROW_KEYS = {"workload", "dtype", "impl", "status", "ms_p20", "ms_p50", "ms_p80",
+                     "floor_ms", "peak_mb", "rel_err", "top10_agree", "note"}
+REQUIRED_TOP_KEYS = {"schema", "commit", "dirty", "gpu", "torch", "cuda", "triton", "ceilings",
+                     "rows"}
+
+
+def _row(wl, dt, impl, ms, *, status="ok", floor=0.01, peak=1.5, err=1e-4, top=1.0):
+    ok = status == "ok"
+    return {"workload": wl, "dtype": dt, "impl": impl, "status": status,
+            "ms_p20": ms * 0.98 if ok else None, "ms_p50": ms if ok else None,
+            "ms_p80": ms * 1.03 if ok else None, "floor_ms": floor,
+            "peak_mb": peak if ok else None, "rel_err": err if ok else None,
+            "top10_agree": top if ok else None, "note": ""}
+
+
+def fake_results() -> dict:
+    rows = []
+    for dt in ("fp16", "bf16"):
+        rows += [_row("rerank", dt, "maxsim", 0.05), _row("rerank", dt, "naive", 0.9),
+                 _row("rerank", dt, "flash-maxsim", 0.08),
+                 _row("rerank", dt, "late-interaction-kernels", 0.07),
+                 _row("corpus", dt, "maxsim", 4.0), _row("corpus", dt, "naive", 0, status="oom"),
+                 _row("corpus", dt, "flash-maxsim", 0, status="error")]
+    rows += [_row("train_small", "bf16", "maxsim", 0.2, top=None),
+             _row("train_small", "bf16", "flash-maxsim-fused", 0, status="unsupported")]
+    for ld in (128, 256, 512):
+        rows += [_row(f"rerank_ld{ld}", "fp16", "maxsim", 0.01 * ld / 128),
+                 _row(f"rerank_ld{ld}", "fp16", "naive", 0.2 * ld / 128),
+                 _row(f"rerank_ld{ld}", "fp16", "flash-maxsim", 0.02 * ld / 128)]
+    for b in (16, 32, 64):
+        rows += [_row(f"train_mem_b{b}", "bf16", "maxsim", 0.1, peak=b * 0.5),
+                 _row(f"train_mem_b{b}", "bf16", "naive", 0.5, peak=b * 40.0)]
+    wls = {"rerank": {"kind": "rerank", "shape": "B32 K50 Lq32 Ld180", "Ld": 180, "sweep": False},
+           "corpus": {"kind": "allpairs", "shape": "Nq16 Nd10000", "sweep": False},
+           "train_small": {"kind": "train", "shape": "Nq32 Nb32", "sweep": False}}
+    return {"schema": 1, "commit": "0123456789abcdef", "dirty": False,
+            "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0", "triton": "3.6.0",
+            "ceilings": {"hbm_gbps": 3000.0, "fp16_tflops": 750.0, "bf16_tflops": 760.0},
+            "workloads": wls, "rows": rows}
+
+
+def _tree(tmp_path, readme_text):
+    (tmp_path / "bench_results").mkdir()
+    (tmp_path / "bench_results" / "h100.json").write_text(json.dumps(fake_results()))
+    other = {"benchmark": "pylate_step", "rows": [{"loss": "contrastive"}]}
+    (tmp_path / "bench_results" / "pylate_step.json").write_text(json.dumps(other))
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_text, encoding="utf-8")
+    return ["--readme", str(readme), "--results", str(tmp_path / "bench_results"),
+            "--docs", str(tmp_path / "docs")]
+
+
+def _snapshot(tmp_path):
+    return {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+
+def test_render_is_idempotent(tmp_path):
+    text = "# Title\n\nintro\n\n<!-- BENCH:START -->\nold\n<!-- BENCH:END -->\n\ntail\n"
+    args = _tree(tmp_path, text)
+    assert render.main(args) == 0
+    first = _snapshot(tmp_path)
+    out = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert out.startswith("# Title\n\nintro\n\n<!-- BENCH:START -->\n")
+    assert out.endswith("<!-- BENCH:END -->\n\ntail\n")
+    assert "old" not in out
+    line = "| rerank | B32 K50 Lq32 Ld180 | fp16 | 0.0500 | 18.0× | 1.40× late-interaction-kernels"
+    assert line in out
+    assert "naive oom" in out
+    assert (tmp_path / "docs" / "bench-h100-rerank-ld.png").exists()
+    assert (tmp_path / "docs" / "bench-h100-train-mem.png").exists()
+    assert "(docs/bench-h100-rerank-ld.png)" in out
+    assert "pylate_step" not in out and out.count("### ") == 1
+    assert render.main(args) == 0
+    assert _snapshot(tmp_path) == first
+
+
+@pytest.mark.parametrize("text", ["# no markers\n", "<!-- BENCH:END -->\n<!-- BENCH:START -->\n",
+                                  "<!-- BENCH:START -->\n<!-- BENCH:START -->\n<!-- BENCH:END -->"])
+def test_render_refuses_without_markers(tmp_path, text):
+    args = _tree(tmp_path, text)
+    before = _snapshot(tmp_path)
+    assert render.main(args) == 2
+    assert _snapshot(tmp_path) == before
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench.gpu_slug("NVIDIA H200") == "h200"
+    assert bench.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert bench.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx4090"
+
+
+def test_smoke_run_writes_schema_and_merges(tmp_path):
+    out = tmp_path / "r.json"
+    common = ["--smoke", "--impl", "naive", "--out", str(out), "--min-reps", "3"]
+    assert bench.main(common + ["--only", "rerank,varlen,train_small"]) == 0
+    doc = json.loads(out.read_text())
+    assert REQUIRED_TOP_KEYS <= doc.keys()
+    assert {"hbm_gbps", "fp16_tflops"} <= doc["ceilings"].keys()
+    assert {(r["workload"], r["dtype"]) for r in doc["rows"]} == {
+        (w, d) for w in ("rerank", "varlen", "train_small") for d in ("fp16", "bf16")}
+    for r in doc["rows"]:
+        assert set(r) == REQUIRED_ROW_KEYS
+        assert r["status"] == "ok", r
+        assert r["ms_p20"] <= r["ms_p50"] <= r["ms_p80"]
+        assert r["floor_ms"] > 0
+        assert r["rel_err"] < 5e-2
+        assert (r["top10_agree"] is None) == r["workload"].startswith("train")
+    assert bench.main(common + ["--only", "corpus", "--dtype", "bf16"]) == 0
+    merged = json.loads(out.read_text())
+    assert len(merged["rows"]) == len(doc["rows"]) + 1
+    assert [r["workload"] for r in merged["rows"]].index("corpus") > 0

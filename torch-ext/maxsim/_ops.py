@@ -1,0 +1,307 @@
+"""Locates the compiled CUDA ops, and holds the one build recipe that every build path shares.
+
+`load_cuda_ops()` tries, in order:
+
+1. a module built ahead of time into this package (`pip install --no-build-isolation .` writes it
+   and `_build_info.py`, which names it);
+2. a just-in-time build of the CUDA sources with ninja, cached on disk (first use on a GPU machine);
+3. nothing, with a sentence saying why.
+
+The recipe (sources, hash, flags, architectures) lives here rather than in setup.py so that the JIT
+build, `pip install` and `scripts/build_variant.py` compile exactly the same thing. This file imports
+nothing from the package, so the build scripts can load it by path before the package is installed.
+"""
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+EXTENSION_PREFIX = "_maxsim_cuda_"
+
+# Architectures of an ahead-of-time build. "X.Ya" is arch-specific (Hopper wgmma); "+PTX" adds
+# portable PTX so that newer GPUs can run the build too.
+DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX"
+
+# Exact arithmetic: no --use_fast_math (it flushes denormals and approximates division). The C++
+# standard is left to torch.utils.cpp_extension: torch's own headers need C++20 from torch 2.10 on.
+# Py_LIMITED_API keeps the module importable from any CPython 3.10+ (an abi3 build).
+CXX_FLAGS = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
+NVCC_BASE_FLAGS = ["-O3", "-lineinfo"]
+
+_SOURCE_GLOBS = ("csrc/*.cu", "csrc/*.cuh", "csrc/*.h", "torch-ext/torch_binding.cpp", "torch-ext/*.h")
+
+
+# ---------------------------------------------------------------------------------------------
+# What to compile
+# ---------------------------------------------------------------------------------------------
+
+
+def source_root():
+    """The folder holding `csrc/` and `torch-ext/`: `_src` inside an installed package (wheels and
+    sdists ship the sources there), else the repository around an editable install; None if
+    neither exists."""
+    for root in (PACKAGE_DIR / "_src", PACKAGE_DIR.parent.parent):
+        if (root / "torch-ext" / "torch_binding.cpp").is_file() and any(root.glob("csrc/*.cu")):
+            return root
+    return None
+
+
+def source_files(root):
+    """Every file whose content goes into the build, sorted: kernels, headers and the binding."""
+    root = Path(root)
+    return sorted({p for pattern in _SOURCE_GLOBS for p in root.glob(pattern) if p.is_file()})
+
+
+def compiled_sources(root):
+    """The translation units: each `csrc/*.cu` plus the torch binding."""
+    root = Path(root)
+    return sorted(root.glob("csrc/*.cu")) + [root / "torch-ext" / "torch_binding.cpp"]
+
+
+def include_dirs(root):
+    root = Path(root)
+    return [str(root / "csrc"), str(root / "torch-ext")]
+
+
+def source_hash(root):
+    """Ten hex digits over the names and contents of the sources: a new version of the sources
+    gets a new op namespace, so two versions never register the same one in a process."""
+    digest = hashlib.sha256()
+    for path in source_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:10]
+
+
+def extension_name(root):
+    """The module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`."""
+    return EXTENSION_PREFIX + source_hash(root)
+
+
+def parse_archs(spec):
+    """"7.5 8.0;9.0a+PTX" -> ["7.5", "8.0", "9.0a+PTX"] (spaces, commas or semicolons)."""
+    archs = [a for a in re.split(r"[\s,;]+", spec.strip()) if a]
+    for arch in archs:
+        if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch):
+            raise ValueError(f"CUDA arch {arch!r}: expected e.g. 8.0, 9.0a or 9.0a+PTX")
+    return archs
+
+
+def gencode_flags(archs):
+    """nvcc -gencode flags: machine code per arch, plus PTX for "+PTX" entries. The PTX is for the
+    plain compute capability ("9.0a+PTX" -> compute_90), since arch-specific PTX runs only on its
+    own GPU; kernels must therefore guard arch-specific code (`__CUDA_ARCH_FEAT_SM90_ALL`)."""
+    flags = []
+    for arch in archs:
+        cc = arch.removesuffix("+PTX")
+        num = cc.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if arch.endswith("+PTX"):
+            plain = num.rstrip("af")
+            flags.append(f"-gencode=arch=compute_{plain},code=compute_{plain}")
+    return flags
+
+
+def kernels_archs(archs):
+    """The `backend.archs` of a kernels-hub metadata.json, in the `kernels` matching rules:
+    "9.0a" runs on 9.0 only; "9.0+PTX" on 9.0 and newer."""
+    out = []
+    for arch in archs:
+        cc = arch.removesuffix("+PTX")
+        out.append(cc)
+        if arch.endswith("+PTX"):
+            out.append(cc.rstrip("af") + "+PTX")
+    return out
+
+
+def device_arch(major, minor):
+    """The arch a JIT build targets for a GPU: Hopper gets its arch-specific variant (wgmma)."""
+    return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
+def nvcc_flags(archs):
+    return NVCC_BASE_FLAGS + gencode_flags(archs) + cuda_wheel_include_flags()
+
+
+def cxx_flags():
+    return CXX_FLAGS + cuda_wheel_include_flags()
+
+
+def cuda_wheel_include_flags():
+    """`-isystem` for the headers of the NVIDIA pip wheels (cuBLAS, cuSPARSE, ... that torch's
+    headers include), searched after the toolkit's own: a toolkit installed from pip lacks them."""
+    includes = {str(inc) for site in sys.path if site for inc in Path(site).glob("nvidia/*/include")}
+    return [flag for inc in sorted(includes) for flag in ("-isystem", inc)]
+
+
+def find_cuda_home():
+    """The CUDA toolkit folder (with bin/nvcc and lib64/libcudart), or None. Honours CUDA_HOME and
+    CUDA_PATH; otherwise asks nvcc where it lives, since `nvcc` on PATH may be a wrapper script."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").exists():
+            return Path(home)
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not Path(nvcc).exists():
+        return None
+    guess = Path(nvcc).resolve().parent.parent
+    if (guess / "include" / "cuda_runtime.h").exists():
+        return guess
+    try:
+        out = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"^#\$ _HERE_=(.+)$", out.stdout + out.stderr, re.MULTILINE)
+    return Path(match.group(1).strip()).parent if match else None
+
+
+def use_cuda_home(home):
+    """Point torch.utils.cpp_extension at `home` (it guesses once, at import, from PATH)."""
+    os.environ["CUDA_HOME"] = str(home)
+    if "torch.utils.cpp_extension" in sys.modules:
+        sys.modules["torch.utils.cpp_extension"].CUDA_HOME = str(home)
+
+
+def cuda_version_of(home):
+    """"13.0" from the toolkit's nvcc, or None."""
+    try:
+        out = subprocess.run([str(Path(home) / "bin" / "nvcc"), "--version"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+# ---------------------------------------------------------------------------------------------
+# How to load it
+# ---------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+
+
+def load_cuda_ops():
+    """Return ``(ops, reason)``: the extension's ``torch.ops`` namespace (with ``fwd`` and ``bwd``)
+    and a sentence saying where it came from, or ``None`` and a sentence saying why it is
+    unavailable. Cached; never raises."""
+    with _lock:
+        return _load_cached()
+
+
+@functools.cache
+def _load_cached():
+    try:
+        return _load()
+    except Exception as exc:  # a broken build must degrade to the fallback, not break import
+        return None, f"loading the CUDA extension failed: {type(exc).__name__}: {exc}"
+
+
+def _load():
+    import torch
+
+    if torch.version.cuda is None:
+        return None, f"torch {torch.__version__} has no CUDA"
+    if not torch.cuda.is_available():
+        return None, "no GPU is visible to torch"
+
+    root = source_root()
+    ops, shipped_reason = _load_shipped(torch, root)
+    if ops is not None:
+        return ops, shipped_reason
+
+    if os.environ.get("MAXSIM_NO_JIT") == "1":
+        return None, f"{shipped_reason}; JIT build disabled by MAXSIM_NO_JIT=1"
+    if root is None:
+        return None, f"{shipped_reason}; the CUDA sources are not part of this installation"
+    ops, jit_reason = _load_jit(torch, root)
+    return ops, jit_reason if ops is not None else f"{shipped_reason}; {jit_reason}"
+
+
+def _registered(torch, name):
+    try:
+        getattr(torch.ops, name).fwd
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _load_shipped(torch, root):
+    """The module a `pip install` compiled into the package, if it fits this torch and sources."""
+    try:
+        from importlib import import_module
+
+        info = import_module(f"{__package__}._build_info") if __package__ else None
+    except ImportError:
+        info = None
+    if info is None:
+        return None, "no prebuilt extension in the package"
+    name = info.EXTENSION_NAME
+    if root is not None and extension_name(root) != name:
+        return None, f"the prebuilt {name} is older than the sources beside it"
+    built, running = info.TORCH_VERSION.split("+")[0], torch.__version__.split("+")[0]
+    if built.split(".")[:2] != running.split(".")[:2]:
+        return None, f"the prebuilt {name} was built for torch {built}, this is torch {running}"
+    if not _registered(torch, name):
+        import_module(f"{__package__}.{name}")  # its static initialisers register the ops
+    return getattr(torch.ops, name), f"prebuilt {name} ({info.CUDA_ARCHS})"
+
+
+def _put_ninja_on_path():
+    """A venv's python run without activating the venv still finds the venv's ninja."""
+    bin_dir = str(Path(sys.executable).parent)
+    if shutil.which("ninja") is None and shutil.which("ninja", path=bin_dir):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _load_jit(torch, root):
+    """Compile the sources for this GPU with ninja once; later processes reuse the cached build."""
+    home = find_cuda_home()
+    if home is None:
+        return None, "nvcc not found (put it on PATH or set CUDA_HOME)"
+    use_cuda_home(home)
+    from torch.utils import cpp_extension
+
+    _put_ninja_on_path()
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError:
+        return None, "ninja not found (pip install ninja)"
+
+    name = extension_name(root)
+    if _registered(torch, name):
+        return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
+    archs = sorted({device_arch(*torch.cuda.get_device_capability(i))
+                    for i in range(torch.cuda.device_count())})
+    sm = "-".join("sm" + a.replace(".", "") for a in archs)
+
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-{sm}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not (build_dir / f"{name}.so").exists():
+        print(f"maxsim: compiling the CUDA extension for {sm} once (cached in {build_dir})",
+              file=sys.stderr)
+    try:
+        cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in compiled_sources(root)],
+            extra_cflags=cxx_flags(),
+            extra_cuda_cflags=nvcc_flags(archs),
+            extra_include_paths=include_dirs(root),
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=os.environ.get("MAXSIM_JIT_VERBOSE") == "1",
+        )
+    except Exception as exc:
+        tail = "\n".join(str(exc).strip().splitlines()[-12:])
+        return None, f"the JIT build of {name} failed:\n{tail}"
+    return getattr(torch.ops, name), f"JIT-built {name} for {sm} in {build_dir}"

@@ -1,0 +1,64 @@
+"""Picks the namespace that runs a call (the CUDA extension's or ``maxsim_torch``) and calls ``fwd``.
+
+The extension is looked up once, at import, and only where CUDA is available; its ops then get
+the same fake kernels and autograd formula as the pure-PyTorch ones.
+"""
+
+import torch
+
+from ._ops import load_cuda_ops
+from .registry import register_fake_and_autograd, torch_ops
+from .validation import TokenSet
+
+BACKENDS = ("auto", "cuda", "torch")
+
+
+def _load_cuda():
+    if not torch.cuda.is_available():
+        return None, "torch.cuda.is_available() is False"
+    ops, reason = load_cuda_ops()
+    if ops is not None:
+        namespace = ops.fwd.default.namespace
+        # A second copy of this package in the process finds the formula already there.
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Autograd"):
+            register_fake_and_autograd(namespace)
+    return ops, reason
+
+
+_CUDA_OPS, _CUDA_REASON = _load_cuda()
+
+
+def cuda_ops():
+    """``(ops, reason)``: the extension's namespace, or None and why it is unavailable."""
+    return _CUDA_OPS, _CUDA_REASON
+
+
+def select_ops(device: torch.device, backend: str = "auto"):
+    """The op namespace for tensors on ``device``: the CUDA extension when it applies, else ``maxsim_torch``.
+
+    ``backend`` forces one: "torch" always works; "cuda" raises if the extension is unavailable.
+    """
+    if backend == "torch":
+        return torch_ops
+    if backend == "cuda":
+        if _CUDA_OPS is None:
+            raise RuntimeError(f"backend='cuda': the CUDA extension is unavailable: {_CUDA_REASON}")
+        if device.type != "cuda":
+            raise ValueError(f"backend='cuda': expected tensors on a CUDA device, got {device}")
+        return _CUDA_OPS
+    if backend == "auto":
+        return _CUDA_OPS if device.type == "cuda" and _CUDA_OPS is not None else torch_ops
+    raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+def forward(q: TokenSet, d: TokenSet, layout: int, *, group: int = 0, pair_q=None, pair_d=None,
+            max_lq: int, want_argmax: bool, backend: str = "auto"):
+    """Run ``fwd`` on validated token sets; the argmax is computed only when wanted or needed for grad.
+
+    Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
+    ``scores.shape + [max_lq]`` when computed, else ``[0]``.
+    """
+    needs_grad = torch.is_grad_enabled() and (q.x.requires_grad or d.x.requires_grad)
+    ops = select_ops(q.x.device, backend)
+    return ops.fwd(q.x, d.x, q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, pair_q, pair_d,
+                   layout, group, max_lq, want_argmax or needs_grad, False)

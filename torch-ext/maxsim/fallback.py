@@ -1,0 +1,267 @@
+"""Pure-PyTorch implementation of the ``fwd`` and ``bwd`` ops (CPU, MPS, CUDA without the extension).
+
+Same semantics as the CUDA kernels (docs/ARCHITECTURE.md). Pairs are scored in chunks sized from
+``MAXSIM_TORCH_MEMORY_MB``, so the ``[.., Lq, Ld]`` similarities of a whole batch never exist at
+once. fp16 / bf16 tokens are upcast to fp32 one chunk at a time; fp32 is exact (``tf32`` is ignored).
+
+Padded token sets are read without any device->host sync. A packed token set is gathered into
+padded blocks as wide as its longest segment, and that length is read on the host once per call
+(free on CPU, one sync on other devices). ``bwd`` never reads device values.
+"""
+
+import contextlib
+
+import torch
+
+from .layouts import ALLPAIRS, GROUPED, scores_shape, segment_count
+from .settings import memory_budget_bytes
+
+# Bytes per element of a similarity block: the fp32 block, its NaN map and mask temporaries.
+_SIM_BYTES = 7
+# Bytes per query token of a pair: per-token maxima, indices and validity on the way to the score.
+_TOKEN_BYTES = 32
+
+
+class _Segments:
+    """A token set as segments of at most ``width`` tokens, gathered a chunk of segments at a time.
+
+    Shapes: ``x`` padded ``[N, L, H]`` (``lengths [N]``, ``mask [N, L]``) or packed ``[T, H]``
+    (``offsets [N+1]``, ``mask [T]``).
+    """
+
+    def __init__(self, x, offsets, lengths, mask):
+        self.x, self.mask = x, mask
+        self.packed = x.dim() == 2
+        if self.packed:
+            self.starts = offsets[:-1].long()
+            self.lengths = (offsets[1:] - offsets[:-1]).long()
+            self.width = int(self.lengths.max()) if self.lengths.numel() else 0  # the one host read
+        else:
+            self.lengths = None if lengths is None else lengths.long()
+            self.width = x.size(1)
+
+    def gather(self, ids):
+        """fp32 tokens ``[n, width, H]`` and validity ``[n, width]`` of segments ``ids`` (slice or int64)."""
+        cols = torch.arange(self.width, device=self.x.device)
+        if self.packed:
+            rows = (self.starts[ids, None] + cols).clamp_(max=max(self.x.size(0) - 1, 0))
+            tokens = self.x[rows]
+            valid = cols < self.lengths[ids, None]
+            if self.mask is not None:
+                valid &= self.mask[rows]
+        else:
+            tokens = self.x[ids]
+            if self.lengths is None:
+                valid = torch.ones(tokens.shape[:2], dtype=torch.bool, device=self.x.device)
+            else:
+                valid = cols < self.lengths[ids, None]
+            if self.mask is not None:
+                valid = valid & self.mask[ids]
+        return tokens.float(), valid
+
+
+def _fit(budget: int, per_item: int, total: int) -> int:
+    """How many items of ``per_item`` bytes fit in ``budget`` (at least 1, at most ``total``)."""
+    return max(1, min(total, budget // max(per_item, 1)))
+
+
+@contextlib.contextmanager
+def _exact_fp32_matmul(device: torch.device):
+    """cuBLAS uses TF32 for fp32 matmuls when the global flag allows it; the fallback stays exact."""
+    if device.type != "cuda" or not torch.backends.cuda.matmul.allow_tf32:
+        yield
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def _reduce(sim, q_valid, d_valid):
+    """Scores and argmax of a block of similarities.
+
+    Shapes: ``sim [a, Lq, b, Ld]`` fp32 (overwritten), ``q_valid [a, Lq]``, ``d_valid [a or 1, b, Ld]``
+    -> scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32.
+    """
+    a, lq, b, ld = sim.shape
+    d_valid = d_valid[:, None]  # [a or 1, 1, b, Ld]
+    counts = q_valid[:, :, None] & d_valid.any(-1)  # a token with no valid doc token adds 0
+    if ld == 0:
+        return sim.new_zeros(a, b), torch.full((a, b, lq), -1, dtype=torch.int32, device=sim.device)
+    sim.masked_fill_(~d_valid, float("-inf"))  # padding never wins, whatever it holds
+    is_nan = sim.isnan()
+    values, index = sim.max(dim=-1)  # ties: the lowest index
+    # All valid similarities are -inf: the first valid token is the argmax.
+    index = torch.where(values == float("-inf"), d_valid.view(torch.uint8).argmax(-1), index)
+    # NaN wins, and the first NaN is the argmax (not left to max's unspecified NaN index).
+    has_nan = is_nan.any(-1)
+    index = torch.where(has_nan, is_nan.view(torch.uint8).argmax(-1), index)
+    values = torch.where(has_nan, float("nan"), values)
+    values = torch.where(counts, values, 0.0)
+    index = torch.where(counts, index, -1)
+    return values.sum(dim=1), index.transpose(1, 2).to(torch.int32)
+
+
+def _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, device):
+    """Query and document segment of the flat pairs ``p0 .. p1-1`` (int64 ``[p1-p0]`` each)."""
+    p = torch.arange(p0, p1, device=device)
+    if layout == ALLPAIRS:
+        return p // nd, p % nd
+    if layout == GROUPED:
+        return p // group, p
+    return pair_q[p0:p1].long(), pair_d[p0:p1].long()
+
+
+def fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
+        layout, group, max_lq, with_argmax, tf32):
+    """The ``fwd`` op: scores fp32 ``scores_shape(..)``, argmax int32 ``scores_shape + [max_lq]`` or ``[0]``."""
+    shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
+    scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
+    if with_argmax:
+        argmax = torch.full((*shape, max_lq), -1, dtype=torch.int32, device=q.device)
+    else:
+        argmax = torch.empty(0, dtype=torch.int32, device=q.device)
+    queries = _Segments(q, q_offsets, q_lengths, q_mask)
+    documents = _Segments(d, d_offsets, d_lengths, d_mask)
+    if scores.numel() == 0 or queries.width == 0:
+        return scores, argmax
+    with _exact_fp32_matmul(q.device):
+        if layout == ALLPAIRS:
+            _fwd_allpairs(queries, documents, scores, argmax if with_argmax else None)
+        else:
+            flat_argmax = argmax.view(scores.numel(), max_lq) if with_argmax else None
+            _fwd_paired(queries, documents, layout, group, pair_q, pair_d,
+                        scores.view(-1), flat_argmax, segment_count(d, d_offsets))
+    return scores, argmax
+
+
+def _fwd_allpairs(queries, documents, scores, argmax):
+    """Every query with every document: one GEMM per (query chunk, document chunk)."""
+    nq, nd = scores.shape
+    lw, dw, h = queries.width, documents.width, queries.x.size(-1)
+    per_pair = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES
+    budget = memory_budget_bytes()
+    bq = _fit(budget - dw * h * 8, per_pair + lw * h * 8, nq)  # queries next to one document
+    bd = _fit(budget - bq * lw * h * 8, bq * per_pair + dw * h * 8, nd)
+    keep = lw if argmax is None else min(lw, argmax.size(-1))
+    for j0 in range(0, nd, bd):
+        d_tokens, d_valid = documents.gather(slice(j0, j0 + bd))
+        b = d_tokens.size(0)
+        d_flat = d_tokens.reshape(b * dw, h)
+        for i0 in range(0, nq, bq):
+            q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
+            a = q_tokens.size(0)
+            # One expression, so no similarity block outlives its reduction.
+            block_scores, block_argmax = _reduce(
+                (q_tokens.reshape(a * lw, h) @ d_flat.T).view(a, lw, b, dw), q_valid, d_valid[None])
+            scores[i0:i0 + a, j0:j0 + b] = block_scores
+            if argmax is not None:
+                argmax[i0:i0 + a, j0:j0 + b, :keep] = block_argmax[..., :keep]
+
+
+def _fwd_paired(queries, documents, layout, group, pair_q, pair_d, scores, argmax, nd):
+    """GROUPED / PAIRS: gather each pair's query and document, one batched matmul per chunk."""
+    lw, dw, h = queries.width, documents.width, queries.x.size(-1)
+    per_pair = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES + (lw + dw) * h * 8
+    bp = _fit(memory_budget_bytes(), per_pair, scores.numel())
+    keep = lw if argmax is None else min(lw, argmax.size(-1))
+    for p0 in range(0, scores.numel(), bp):
+        p1 = min(p0 + bp, scores.numel())
+        qi, dj = _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, queries.x.device)
+        q_tokens, q_valid = queries.gather(qi)
+        d_tokens, d_valid = documents.gather(dj)
+        block_scores, block_argmax = _reduce(
+            torch.bmm(q_tokens, d_tokens.transpose(1, 2)).view(p1 - p0, lw, 1, dw), q_valid, d_valid[:, None])
+        scores[p0:p1] = block_scores[:, 0]
+        if argmax is not None:
+            argmax[p0:p1, :keep] = block_argmax[:, 0, :keep]
+
+
+def _starts(x, offsets):
+    """First row of every segment in ``x.reshape(-1, H)`` (int64 ``[N]``)."""
+    if x.dim() == 2:
+        return offsets[:-1].long()
+    return torch.arange(x.size(0), device=x.device) * x.size(1)
+
+
+def _run_sums_scan(target, values):
+    """Sums of runs of equal (sorted) targets, at each run's first row: a segmented suffix scan.
+
+    ``log2(M)`` passes over ``values``; used where ``segment_reduce`` has no kernel (e.g. MPS).
+    """
+    shift = 1
+    while shift < target.numel():
+        same = (target[:-shift] == target[shift:])[:, None]
+        values = torch.cat([values[:-shift] + torch.where(same, values[shift:], 0.0), values[-shift:]])
+        shift *= 2
+    return values
+
+
+def _run_sums(target, values):
+    """Sums of runs of equal (sorted) targets, at each run's first row (other rows: anything).
+
+    Shapes: ``target [M]`` sorted, ``values [M, H]`` -> ``[M, H]``.
+    """
+    if values.device.type not in ("cpu", "cuda"):
+        return _run_sums_scan(target, values)
+    m = target.numel()
+    positions = torch.arange(m, device=target.device)
+    starts = torch.ones_like(target, dtype=torch.bool)
+    starts[1:] = target[1:] != target[:-1]
+    # The next run start after each row, by a reversed running minimum of the start positions.
+    next_start = torch.where(starts, positions, m).flip(0).cummin(0).values.flip(0)
+    next_start = torch.cat([next_start[1:], next_start.new_full((1,), m)])
+    lengths = torch.where(starts, next_start - positions, 0)  # one segment per row, empty unless a start
+    return torch.segment_reduce(values, "sum", lengths=lengths, axis=0, unsafe=True)
+
+
+def _add_rows(acc, target, values):
+    """``acc[target[m]] += values[m]`` without floating-point atomics, so the result is bit-stable.
+
+    Sorts the rows by target (stable), sums every run of equal targets in a fixed order, then adds
+    each run's total once. Rows aimed at the last row of ``acc`` (a scratch row) are discarded by
+    the caller.
+    Shapes: ``acc [R+1, H]`` fp32, ``target [M]`` int64 in ``[0, R]``, ``values [M, H]`` fp32.
+    """
+    target, order = torch.sort(target, stable=True)
+    sums = _run_sums(target, values[order])
+    starts = torch.ones_like(target, dtype=torch.bool)
+    starts[1:] = target[1:] != target[:-1]
+    acc.index_put_((torch.where(starts, target, acc.size(0) - 1),), sums, accumulate=True)
+
+
+def _weighted_rows(rows, index, weight):
+    """``weight * rows[index]`` in fp32; scratch-row entries gather a clamped, arbitrary row."""
+    return rows[index.clamp(max=rows.size(0) - 1)].float() * weight
+
+
+def bwd(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group):
+    """The ``bwd`` op: ``dq`` like ``q``, ``dd`` like ``d``; only the argmax tokens receive gradient.
+
+    Every (pair, query token) that won a max adds ``grad * d[winner]`` to its query token and
+    ``grad * q[token]`` to the winning document token, accumulated in fp32 and rounded once.
+    """
+    h = q.size(-1)
+    q_rows, d_rows = q.reshape(-1, h), d.reshape(-1, h)
+    dq = torch.zeros(q_rows.size(0) + 1, h, dtype=torch.float32, device=q.device)
+    dd = torch.zeros(d_rows.size(0) + 1, h, dtype=torch.float32, device=q.device)
+    pairs, width = grad.numel(), argmax.size(-1)
+    if pairs and width and q_rows.size(0) and d_rows.size(0):
+        q_starts, d_starts = _starts(q, q_offsets), _starts(d, d_offsets)
+        nd = segment_count(d, d_offsets)
+        g = grad.reshape(pairs).float()
+        won_by = argmax.reshape(pairs, width)
+        cols = torch.arange(width, device=q.device)
+        bp = _fit(memory_budget_bytes(), width * (h * 4 * 8 + 64), pairs)
+        for p0 in range(0, pairs, bp):
+            p1 = min(p0 + bp, pairs)
+            qi, dj = _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, q.device)
+            winner = won_by[p0:p1].long()
+            won = winner >= 0
+            q_row = torch.where(won, q_starts[qi, None] + cols, q_rows.size(0)).view(-1)
+            d_row = torch.where(won, d_starts[dj, None] + winner, d_rows.size(0)).view(-1)
+            weight = g[p0:p1, None].expand(-1, width).reshape(-1, 1)
+            _add_rows(dq, q_row, _weighted_rows(d_rows, d_row, weight))
+            _add_rows(dd, d_row, _weighted_rows(q_rows, q_row, weight))
+    return dq[:-1].view(q.shape).to(q.dtype), dd[:-1].view(d.shape).to(d.dtype)

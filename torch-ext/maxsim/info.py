@@ -1,0 +1,113 @@
+"""What maxsim will run on this machine: versions, device, the CUDA extension, and the backend of
+every layout and dtype, with the reason. ``python -m maxsim.info`` prints it; attach it to bug
+reports."""
+
+import platform
+import sys
+
+import torch
+
+from . import _ops
+from .dispatch import cuda_ops
+
+LAYOUTS = {
+    "padded candidates": "maxsim(Q, D[Nq,K,Ld,H]), score_candidates_padded",
+    "all-pairs": "maxsim(Q, D[Nd,Ld,H]), score_contrastive",
+    "packed pairs": "maxsim_pairs, score_pairs_packed",
+    "varlen": "maxsim_varlen",
+    "retrieve": "retrieve",
+}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _package_version():
+    try:
+        from importlib.metadata import version
+
+        return version("maxsim")
+    except Exception:  # running from a source tree or a kernels-hub folder
+        return getattr(sys.modules.get(__package__), "__version__", "unknown")
+
+
+def _nvcc():
+    home = _ops.find_cuda_home()
+    if home is None:
+        return "not found"
+    return f"{_ops.cuda_version_of(home) or '?'} ({home})"
+
+
+def _cuda_kernel_path(dtype, capability):
+    """The kernel the extension picks (mirrors make_plan in csrc/fwd.cu)."""
+    if dtype == torch.float32:
+        return "exact fp32 SIMT kernel (TF32 only on request)"
+    if capability >= (8, 0):
+        return "tensor cores (mma.sync) when H % 8 == 0, H <= 256 and rows are 16-byte aligned; " \
+               "exact SIMT kernel otherwise"
+    return "exact SIMT kernel (tensor-core path needs sm_80+)"
+
+
+def backend_plan(ops, reason):
+    """{layout: {dtype name: (backend, why)}} for CUDA tensors on this machine (CPU and MPS
+    tensors always take the PyTorch fallback)."""
+    plan = {}
+    capability = torch.cuda.get_device_capability() if ops is not None else None
+    for layout in LAYOUTS:
+        plan[layout] = {}
+        for dtype in DTYPES:
+            name = str(dtype).removeprefix("torch.")
+            if ops is None:
+                plan[layout][name] = ("torch fallback", reason)
+            else:
+                plan[layout][name] = ("cuda", _cuda_kernel_path(dtype, capability))
+    return plan
+
+
+def info(file=sys.stdout):
+    """Collect the report as a dict; print it to ``file`` unless ``file`` is None."""
+    ops, reason = cuda_ops()
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {torch.cuda.device_count()} visible)"
+    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        device = "Apple MPS (PyTorch fallback)"
+    else:
+        device = "CPU only"
+    report = {
+        "maxsim": _package_version(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch CUDA": torch.version.cuda or "none (CPU build)",
+        "nvcc": _nvcc(),
+        "device": device,
+        "extension": f"loaded: {reason}" if ops is not None else f"not loaded: {reason}",
+        "namespace": ops.fwd.default.namespace if ops is not None else "maxsim_torch",
+        "backends": backend_plan(ops, reason),
+    }
+    if file is not None:
+        _print(report, file)
+    return report
+
+
+def _print(report, file):
+    width = max(len(k) for k in report)
+    for key, value in report.items():
+        if key != "backends":
+            lines = str(value).splitlines() or [""]
+            print(f"{key:<{width}}  {lines[0]}", file=file)
+            for line in lines[1:]:
+                print(f"{'':<{width}}  {line}", file=file)
+    print("\nbackend for CUDA tensors, by layout and dtype (CPU / MPS tensors: torch fallback):",
+          file=file)
+    for layout, by_dtype in report["backends"].items():
+        print(f"  {layout} ({LAYOUTS[layout]})", file=file)
+        choices = set(by_dtype.values())
+        if len(choices) == 1:  # the same for every dtype: say it once
+            backend, why = choices.pop()
+            print(f"    every dtype: {backend}: {why.splitlines()[0]}", file=file)
+            continue
+        for dtype, (backend, why) in by_dtype.items():
+            print(f"    {dtype:<9} {backend}: {why.splitlines()[0]}", file=file)
+
+
+if __name__ == "__main__":
+    info()

@@ -1,0 +1,85 @@
+"""The op pair ``fwd`` / ``bwd``: the pure-PyTorch namespace, and the fake kernels and autograd
+formula that every namespace (this one and the CUDA extension's) shares.
+
+Schemas and semantics: docs/ARCHITECTURE.md.
+"""
+
+import torch
+
+from . import fallback
+from .layouts import scores_shape
+
+NAMESPACE = "maxsim_torch"
+
+FWD_SCHEMA = (
+    "fwd(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
+    "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, Tensor? pair_q, Tensor? pair_d, "
+    "int layout, int group, int max_lq, bool with_argmax, bool tf32) -> (Tensor scores, Tensor argmax)"
+)
+BWD_SCHEMA = (
+    "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
+    "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor dq, Tensor dd)"
+)
+
+
+def _fwd_fake(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
+              layout, group, max_lq, with_argmax, tf32):
+    shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
+    scores = q.new_empty(shape, dtype=torch.float32)
+    argmax = q.new_empty((*shape, max_lq) if with_argmax else (0,), dtype=torch.int32)
+    return scores, argmax
+
+
+def _bwd_fake(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group):
+    return torch.empty_like(q), torch.empty_like(d)
+
+
+def _setup_context(ctx, inputs, output):
+    q, d, q_offsets, _, _, d_offsets, _, _, pair_q, pair_d, layout, group, _, with_argmax, _ = inputs
+    ctx.layout, ctx.group, ctx.with_argmax = layout, group, with_argmax
+    # q and d are inputs (no copy); the argmax is the only tensor fwd adds for backward.
+    ctx.save_for_backward(q, d, output[1], q_offsets, d_offsets, pair_q, pair_d)
+
+
+def _backward_through(ops):
+    """The autograd formula of ``fwd``, routed through the ``bwd`` op of the same namespace."""
+
+    def backward(ctx, grad_scores, grad_argmax):
+        if not ctx.with_argmax:
+            raise RuntimeError(
+                "fwd: backward needs the argmax, but fwd ran with with_argmax=False; "
+                "call it with with_argmax=True when an input requires grad"
+            )
+        q, d, argmax, q_offsets, d_offsets, pair_q, pair_d = ctx.saved_tensors
+        dq, dd = ops.bwd(grad_scores.float().contiguous(), q, d, argmax, q_offsets, d_offsets,
+                         pair_q, pair_d, ctx.layout, ctx.group)
+        needs = ctx.needs_input_grad
+        return (dq if needs[0] else None, dd if needs[1] else None) + (None,) * 13
+
+    return backward
+
+
+def register_fake_and_autograd(namespace: str) -> None:
+    """Register the fake kernels of ``fwd`` / ``bwd`` and the autograd formula of ``fwd`` on ``namespace``."""
+    torch.library.register_fake(f"{namespace}::fwd", _fwd_fake)
+    torch.library.register_fake(f"{namespace}::bwd", _bwd_fake)
+    torch.library.register_autograd(
+        f"{namespace}::fwd", _backward_through(getattr(torch.ops, namespace)), setup_context=_setup_context
+    )
+
+
+def _define_torch_namespace():
+    """Define ``torch.ops.maxsim_torch`` once per process (a second copy of the package reuses it)."""
+    if hasattr(torch.ops.maxsim_torch, "fwd"):
+        return None
+    library = torch.library.Library(NAMESPACE, "DEF")
+    library.define(FWD_SCHEMA)
+    library.define(BWD_SCHEMA)
+    library.impl("fwd", fallback.fwd, "CompositeExplicitAutograd")
+    library.impl("bwd", fallback.bwd, "CompositeExplicitAutograd")
+    register_fake_and_autograd(NAMESPACE)
+    return library
+
+
+_LIBRARY = _define_torch_namespace()  # kept alive: dropping the Library would unregister the ops
+torch_ops = torch.ops.maxsim_torch

@@ -1,0 +1,59 @@
+"""Corpus top-k without the ``[Nq, Nd]`` score matrix: stream the corpus, keep a running top-k."""
+
+import torch
+
+from . import validation as check
+from .dispatch import forward
+from .layouts import ALLPAIRS
+from .settings import memory_budget_bytes
+
+# Bytes per (query, candidate document) while merging: score, key, and their concatenated copies.
+_CANDIDATE_BYTES = 48
+
+
+def _rank_keys(scores: torch.Tensor, first_doc: int) -> torch.Tensor:
+    """int64 keys ordered like (score descending, document index ascending), so top-k has no ties.
+
+    The fp32 bits become an order-preserving int32 (NaN above +inf, as torch.topk ranks it) in
+    the high half; the complement of the document index fills the low half.
+    """
+    canonical = torch.where(scores.isnan(), float("nan"), scores + 0.0)  # one NaN, and -0.0 -> +0.0
+    bits = canonical.view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+    docs = torch.arange(first_doc, first_doc + scores.size(1), device=scores.device)
+    return (ordered << 32) | (0xFFFFFFFF - docs)
+
+
+def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, backend="auto"):
+    """The ``top_k`` best documents of ``corpus`` for every query, ties to the lower document index.
+
+    Shapes: Q ``[Nq, Lq, H]``, corpus ``[Nd, Ld, H]``, q_mask ``[Nq, Lq]``, d_mask ``[Nd, Ld]``
+    -> scores ``[Nq, top_k]`` fp32 descending, indices ``[Nq, top_k]`` int64.
+    The corpus is scored ``chunk_size`` documents at a time (default: as many as the
+    ``MAXSIM_TORCH_MEMORY_MB`` budget holds), merging each chunk into the running top-k.
+    """
+    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
+    corpus = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
+    check.same_space("Q", Q, "corpus", corpus)
+    nq, lq = Q.shape[:2]
+    nd = corpus.size(0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= nd:
+        raise ValueError(f"top_k: expected an int in [0, {nd}] (the corpus size), got {top_k!r}")
+    if chunk_size is None:
+        chunk_size = max(1, memory_budget_bytes() // (max(nq, 1) * _CANDIDATE_BYTES))
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    q = check.padded(Q, m=q_mask, mask_name="q_mask")
+    d_mask = check.mask("d_mask", d_mask, corpus.shape[:2], corpus.device)
+
+    best_scores = torch.empty((nq, 0), dtype=torch.float32, device=Q.device)
+    best_keys = torch.empty((nq, 0), dtype=torch.int64, device=Q.device)
+    for start in range(0, nd, chunk_size):
+        stop = min(start + chunk_size, nd)
+        d = check.TokenSet(corpus[start:stop], mask=None if d_mask is None else d_mask[start:stop])
+        scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
+        candidates = torch.cat([best_scores, scores], dim=1)
+        keys = torch.cat([best_keys, _rank_keys(scores, start)], dim=1)
+        best_keys, position = torch.topk(keys, min(top_k, keys.size(1)), dim=1)
+        best_scores = candidates.gather(1, position)
+    return best_scores, 0xFFFFFFFF - (best_keys & 0xFFFFFFFF)

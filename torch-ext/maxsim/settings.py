@@ -1,0 +1,29 @@
+"""Environment switches, read at call time so a test or a session can flip them."""
+
+import os
+
+import torch
+
+DEFAULT_MEMORY_MB = 256
+
+
+def debug_enabled() -> bool:
+    """``MAXSIM_DEBUG=1`` turns on the checks that read device values (a device->host sync).
+
+    Never while ``torch.compile`` traces: those checks would break the graph.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return os.environ.get("MAXSIM_DEBUG", "0") not in ("", "0")
+
+
+def memory_budget_bytes() -> int:
+    """Extra memory the PyTorch fallback and ``retrieve`` may use per call (``MAXSIM_TORCH_MEMORY_MB``)."""
+    raw = os.environ.get("MAXSIM_TORCH_MEMORY_MB", "")
+    try:
+        megabytes = float(raw) if raw else DEFAULT_MEMORY_MB
+    except ValueError:
+        raise ValueError(f"MAXSIM_TORCH_MEMORY_MB: expected a number of megabytes, got {raw!r}") from None
+    if megabytes <= 0:
+        raise ValueError(f"MAXSIM_TORCH_MEMORY_MB: expected a positive number, got {raw!r}")
+    return int(megabytes * 2**20)
