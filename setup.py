@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent
 
 def load_recipe():
     """torch-ext/maxsim/_ops.py, loaded by path: the package may not be importable yet."""
-    spec = importlib.util.spec_from_file_location("maxsim_build_recipe", ROOT / "torch-ext/maxsim/_ops.py")
+    spec = importlib.util.spec_from_file_location(
+        "maxsim_build_recipe", ROOT / "torch-ext/maxsim/_ops.py"
+    )
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     return recipe
@@ -63,7 +65,8 @@ class SdistWithSources(sdist):
 
 
 def cuda_build():
-    """(ext_modules, cmdclass) for the ahead-of-time CUDA build, or ([], {}) and why not."""
+    """(ext_modules, cmdclass, what) for the ahead-of-time CUDA build; empty ones and the reason
+    when this environment cannot compile it."""
     if os.environ.get("MAXSIM_BUILD_CUDA") == "0":
         return [], {}, "MAXSIM_BUILD_CUDA=0"
     if not any(ROOT.glob("csrc/*.cu")):
@@ -109,7 +112,10 @@ def cuda_build():
 
 
 ext_modules, build_cmdclass, what = cuda_build()
-print(f"maxsim: CUDA extension: {what if ext_modules else 'not built (' + what + ')'}")
+if ext_modules:
+    print(f"maxsim: compiling the CUDA extension {what}")
+else:
+    print(f"maxsim: pure-Python install, the CUDA extension compiles on first use ({what})")
 
 setup(
     ext_modules=ext_modules,

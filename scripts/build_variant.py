@@ -30,6 +30,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from itertools import takewhile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def metadata(name, archs):
 
 
 def ops_module(name):
-    return f'''"""The CUDA extension bundled with this kernels-hub build (written by build_variant.py)."""
+    return f'''"""The CUDA extension bundled with this kernels-hub build (from build_variant.py)."""
 
 import torch
 
@@ -100,8 +101,8 @@ def load_cuda_ops():
 '''
 
 
-COMPAT_INIT = '''"""Entry for loaders that import <variant>/maxsim/__init__.py: loads the variant's root package
-under a name unique to its folder (so relative imports resolve) and re-exports it."""
+COMPAT_INIT = '''"""Entry for loaders that import <variant>/maxsim/__init__.py: loads the variant's
+root package under a name unique to its folder (so relative imports resolve) and re-exports it."""
 
 import hashlib
 import importlib.util
@@ -122,28 +123,38 @@ globals().update({k: v for k, v in vars(sys.modules[_name]).items() if k not in 
 '''
 
 
+OPS_IMPORT = "from ._ops import ops  # noqa: F401  (the bundled extension's op namespace)\n"
+
+
 def init_with_ops_import(source):
-    """The package's __init__.py with `from ._ops import ops` after its docstring and
-    __future__ imports, as kernels-hub packages start."""
-    body = ast.parse(source).body
-    line = 0
-    for node in body:
-        is_docstring = node is body[0] and isinstance(node, ast.Expr) and isinstance(
-            getattr(node, "value", None), ast.Constant) and isinstance(node.value.value, str)
-        is_future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
-        if not (is_docstring or is_future):
-            break
-        line = node.end_lineno
+    """The package's __init__.py with OPS_IMPORT after its docstring and __future__ imports, as
+    kernels-hub packages start."""
+    tree = ast.parse(source)
+    after_doc = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+    futures = takewhile(
+        lambda n: isinstance(n, ast.ImportFrom) and n.module == "__future__", after_doc
+    )
+    header = tree.body[: len(tree.body) - len(after_doc) + len(list(futures))]
     lines = source.splitlines(keepends=True)
-    ops_import = "from ._ops import ops  # noqa: F401  (the bundled extension's op namespace)\n"
-    rest = "".join(lines[line:])
-    return "".join(lines[:line]) + ("\n" if line else "") + ops_import + ("" if rest.startswith("\n") else "\n") + rest
+    split = header[-1].end_lineno if header else 0
+    head, rest = "".join(lines[:split]), "".join(lines[split:])
+    return (
+        head + ("\n" if head else "") + OPS_IMPORT + ("" if rest.startswith("\n") else "\n") + rest
+    )
 
 
 def compile_in_child(name, archs, build_dir):
     """Runs `--compile` below in a fresh interpreter; returns the built .so."""
-    cmd = [sys.executable, __file__, "--compile", name, "--archs", " ".join(archs),
-           "--build-dir", str(build_dir)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--compile",
+        name,
+        "--archs",
+        " ".join(archs),
+        "--build-dir",
+        str(build_dir),
+    ]
     subprocess.run(cmd, check=True)
     return build_dir / f"{name}.so"
 
@@ -185,7 +196,9 @@ def lay_out(variant_dir, name, archs, so_path):
             continue
         (variant_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         text = src.read_text()
-        (variant_dir / rel).write_text(init_with_ops_import(text) if rel.as_posix() == "__init__.py" else text)
+        (variant_dir / rel).write_text(
+            init_with_ops_import(text) if rel.as_posix() == "__init__.py" else text
+        )
     (variant_dir / "_ops.py").write_text(ops_module(name))
     shutil.copy2(so_path, variant_dir / f"{name}.abi3.so")
     (variant_dir / "metadata.json").write_text(json.dumps(metadata(name, archs), indent=2) + "\n")
@@ -195,9 +208,14 @@ def lay_out(variant_dir, name, archs, so_path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--archs", default=os.environ.get("MAXSIM_CUDA_ARCHS", recipe.DEFAULT_ARCHS),
-                        help="CUDA archs, e.g. '8.0 9.0a+PTX' (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=ROOT / "build", help="folder holding the variant")
+    parser.add_argument(
+        "--archs",
+        default=os.environ.get("MAXSIM_CUDA_ARCHS", recipe.DEFAULT_ARCHS),
+        help="CUDA archs, e.g. '8.0 9.0a+PTX' (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "build", help="folder holding the variant"
+    )
     parser.add_argument("--compile", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--build-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

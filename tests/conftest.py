@@ -8,10 +8,9 @@ exact ties included) and ``normal`` values (compared by relative norm).
 
 import zlib
 
+import maxsim
 import pytest
 import torch
-
-import maxsim
 from maxsim.reference import reference_fwd
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -21,7 +20,9 @@ HAS_CUDA_OPS = maxsim.cuda_ops()[0] is not None
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
-    config.addinivalue_line("markers", "slow: slower than a second or two; deselect with -m 'not slow'")
+    config.addinivalue_line(
+        "markers", "slow: slower than a second or two; deselect with -m 'not slow'"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "cuda" in item.keywords:
+        if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
 
 
@@ -67,8 +68,10 @@ def ops_for(backend_device):
 
 # ---- data builders ----
 
+
 def values(shape, dtype=torch.float32, device="cpu", kind="normal"):
-    """Random token values: ``normal`` (N(0, 1)) or ``grid`` (k/8, k in [-8, 8]: exact in fp16/bf16/fp32)."""
+    """Random token values: ``normal`` (N(0, 1)) or ``grid`` (k/8 with k in [-8, 8], exact in
+    fp16 / bf16 / fp32)."""
     if kind == "grid":
         return (torch.randint(-8, 9, shape, device=device).float() / 8).to(dtype)
     return torch.randn(shape, device=device).to(dtype)
@@ -76,7 +79,11 @@ def values(shape, dtype=torch.float32, device="cpu", kind="normal"):
 
 def fill_invalid(x, valid, how="large"):
     """Overwrite tokens where ``valid`` is False: large random values, or NaN."""
-    junk = torch.full_like(x, float("nan")) if how == "nan" else (torch.randn_like(x.float()) * 1e4).to(x.dtype)
+    junk = (
+        torch.full_like(x, float("nan"))
+        if how == "nan"
+        else (torch.randn_like(x.float()) * 1e4).to(x.dtype)
+    )
     return torch.where(valid[..., None], x, junk)
 
 
@@ -100,15 +107,21 @@ def offsets_of(lengths):
     return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
 
 
-def token_set(kind, n, width, h, dtype, device, data="normal", lengths=True, mask=True, junk="large"):
-    """One side of an op call: dict with ``x``, ``offsets``, ``lengths``, ``mask`` (invalid tokens junked).
+def token_set(
+    kind, n, width, h, dtype, device, data="normal", lengths=True, mask=True, junk="large"
+):
+    """One side of an op call: ``x``, ``offsets``, ``lengths``, ``mask``, invalid tokens junked.
 
-    ``kind`` "padded": ``x [n, width, h]``; "packed": ``x [T, h]`` with segments of at most ``width``.
+    ``kind`` "padded": ``x [n, width, h]``; "packed": ``x [T, h]``, segments of at most ``width``.
     """
     seg_lengths = random_lengths(n, width, device) if lengths or kind == "packed" else None
     if kind == "padded":
         x = values((n, width, h), dtype, device, data)
-        valid = prefix(seg_lengths, width) if seg_lengths is not None else torch.ones(n, width, dtype=torch.bool, device=device)
+        valid = (
+            prefix(seg_lengths, width)
+            if seg_lengths is not None
+            else torch.ones(n, width, dtype=torch.bool, device=device)
+        )
         m = random_mask((n, width), device) if mask else None
         if m is not None:
             valid = valid & m
@@ -125,13 +138,29 @@ def token_set(kind, n, width, h, dtype, device, data="normal", lengths=True, mas
 
 def op_args(q, d, layout, group=0, pair_q=None, pair_d=None, max_lq=None, with_argmax=True):
     """Positional arguments of ``fwd`` from two token sets (indices as int32, masks as bool)."""
+
     def i32(t):
         return None if t is None else t.to(torch.int32)
 
     if max_lq is None:
         max_lq = q["x"].size(1) if q["x"].dim() == 3 else longest(q["offsets"])
-    return (q["x"], d["x"], i32(q["offsets"]), i32(q["lengths"]), q["mask"], i32(d["offsets"]),
-            i32(d["lengths"]), d["mask"], i32(pair_q), i32(pair_d), layout, group, max_lq, with_argmax, False)
+    return (
+        q["x"],
+        d["x"],
+        i32(q["offsets"]),
+        i32(q["lengths"]),
+        q["mask"],
+        i32(d["offsets"]),
+        i32(d["lengths"]),
+        d["mask"],
+        i32(pair_q),
+        i32(pair_d),
+        layout,
+        group,
+        max_lq,
+        with_argmax,
+        False,
+    )
 
 
 def longest(offsets):
@@ -141,7 +170,9 @@ def longest(offsets):
 def reference_of(args):
     """float64 reference of ``fwd`` arguments (as built by :func:`op_args`)."""
     (q, d, q_off, q_len, q_mask, d_off, d_len, d_mask, pq, pd, layout, group, max_lq, _, _) = args
-    return reference_fwd(q, d, q_off, q_len, q_mask, d_off, d_len, d_mask, pq, pd, layout, group, max_lq)
+    return reference_fwd(
+        q, d, q_off, q_len, q_mask, d_off, d_len, d_mask, pq, pd, layout, group, max_lq
+    )
 
 
 def rel_err(actual, expected):
@@ -157,7 +188,9 @@ def assert_close_rel(actual, expected, tol=1e-5):
 def assert_exact(scores, argmax, ref_scores, ref_argmax):
     """Grid data: scores equal the float64 reference (cast to fp32) and argmax matches exactly."""
     assert scores.dtype == torch.float32
-    torch.testing.assert_close(scores.cpu(), ref_scores.float().cpu(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(
+        scores.cpu(), ref_scores.float().cpu(), rtol=0, atol=0, equal_nan=True
+    )
     if argmax is not None:
         assert argmax.dtype == torch.int32
         assert torch.equal(argmax.cpu(), ref_argmax.cpu()), "argmax differs from the reference"

@@ -1,10 +1,9 @@
 """Backward on every backend: gradients equal float64 autograd through the reference, flow only to
 argmax tokens, never to padding, and are bit-identical run after run."""
 
+import maxsim
 import pytest
 import torch
-
-import maxsim
 from conftest import DTYPES, assert_close_rel, op_args, ops_for, reference_of, token_set, values
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
 
@@ -49,7 +48,9 @@ def test_gradients_match_float64_autograd(backend_device, layout_name, q_kind, d
         dq, dd = gradients(lambda a: ops.fwd(*a), args, upstream)
         ref_dq, ref_dd = gradients(reference_of, args, upstream.double())
         assert dq.dtype == dtype and dd.dtype == dtype
-        if data == "grid":  # exact in fp32, then rounded once to the input dtype, like the reference
+        if (
+            data == "grid"
+        ):  # exact in fp32, then rounded once to the input dtype, like the reference
             torch.testing.assert_close(dq, ref_dq, rtol=0, atol=0)
             torch.testing.assert_close(dd, ref_dd, rtol=0, atol=0)
         else:
@@ -60,9 +61,13 @@ def test_gradients_match_float64_autograd(backend_device, layout_name, q_kind, d
 
 def test_padding_gets_zero_gradient_even_when_nan(backend_device):
     device = backend_device[1]
-    q, d, extra = grad_case("allpairs", "padded", "packed", torch.float32, device, "grid", junk="nan")
+    q, d, extra = grad_case(
+        "allpairs", "padded", "packed", torch.float32, device, "grid", junk="nan"
+    )
     args = op_args(q, d, **extra)
-    dq, dd = gradients(lambda a: ops_for(backend_device).fwd(*a), args, torch.ones(4, 6, device=device))
+    dq, dd = gradients(
+        lambda a: ops_for(backend_device).fwd(*a), args, torch.ones(4, 6, device=device)
+    )
     assert not dq.isnan().any() and not dd.isnan().any()
     q_valid = (torch.arange(7, device=device) < q["lengths"][:, None]) & q["mask"]
     assert torch.all(dq[~q_valid] == 0)
@@ -103,8 +108,11 @@ def test_native_api_gradients_with_normalize(backend_device):
     maxsim.maxsim(Q, D, q_mask, normalize=True, backend=backend).square().sum().backward()
     Qr, Dr = Q.detach().double().requires_grad_(), D.detach().double().requires_grad_()
     reference = maxsim.reference.maxsim_reference_padded(
-        torch.nn.functional.normalize(Qr, dim=-1)[:, None], q_mask[:, None],
-        torch.nn.functional.normalize(Dr, dim=-1)[None], torch.ones(1, 4, 6, dtype=torch.bool, device=device))[0]
+        torch.nn.functional.normalize(Qr, dim=-1)[:, None],
+        q_mask[:, None],
+        torch.nn.functional.normalize(Dr, dim=-1)[None],
+        torch.ones(1, 4, 6, dtype=torch.bool, device=device),
+    )[0]
     reference.square().sum().backward()
     assert_close_rel(Q.grad, Qr.grad)
     assert_close_rel(D.grad, Dr.grad)
@@ -122,14 +130,38 @@ def test_no_argmax_is_computed_without_grad(backend_device):
     backend, device = backend_device
     Q = values((2, 4, 8), torch.float32, device).requires_grad_()
     with torch.no_grad():
-        _, argmax = maxsim.dispatch.forward(maxsim.validation.TokenSet(Q), maxsim.validation.TokenSet(Q),
-                                            ALLPAIRS, max_lq=4, want_argmax=False, backend=backend)
+        _, argmax = maxsim.dispatch.forward(
+            maxsim.validation.TokenSet(Q),
+            maxsim.validation.TokenSet(Q),
+            ALLPAIRS,
+            max_lq=4,
+            want_argmax=False,
+            backend=backend,
+        )
     assert argmax.numel() == 0
 
 
 def test_backward_without_argmax_raises():
     q = torch.randn(2, 3, 8, requires_grad=True)
-    scores, _ = torch.ops.maxsim_torch.fwd(q, q, None, None, None, None, None, None, None, None,
-                                           ALLPAIRS, 0, 3, False, False)
+    scores, _ = torch.ops.maxsim_torch.fwd(
+        q, q, None, None, None, None, None, None, None, None, ALLPAIRS, 0, 3, False, False
+    )
     with pytest.raises(RuntimeError, match="with_argmax=True"):
         scores.sum().backward()
+
+
+def test_sorted_accumulation_matches_and_is_stable():
+    """The device-agnostic accumulation (used where CPU / CUDA shortcuts do not apply)."""
+    from maxsim.fallback import _add_rows_sorted
+
+    target = torch.randint(0, 6, (300,))
+    target[::7] = 6  # the scratch row
+    rows = values((300, 5), torch.float32, "cpu", "grid")
+    rows[target == 6] = float("nan")  # whatever the scratch row gets must stay there
+    expected = torch.zeros(7, 5).index_add_(0, target, rows)
+    got = torch.zeros(7, 5)
+    _add_rows_sorted(got, target, rows)
+    torch.testing.assert_close(got[:6], expected[:6], rtol=0, atol=0)
+    again = torch.zeros(7, 5)
+    _add_rows_sorted(again, target, rows)
+    assert torch.equal(got[:6], again[:6])

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from maxsim import _ops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +32,11 @@ BUILD_TOML = tomllib.loads((ROOT / "build.toml").read_text())
 
 def torch_like(cuda="13.0"):
     """The running torch's version and C++ ABI, with a CUDA version (a CPU build has none)."""
-    return SimpleNamespace(__version__=torch.__version__, version=SimpleNamespace(cuda=cuda),
-                           compiled_with_cxx11_abi=torch.compiled_with_cxx11_abi)
+    return SimpleNamespace(
+        __version__=torch.__version__,
+        version=SimpleNamespace(cuda=cuda),
+        compiled_with_cxx11_abi=torch.compiled_with_cxx11_abi,
+    )
 
 
 def test_variant_name_follows_the_kernels_rules():
@@ -57,13 +59,18 @@ def test_variant_name_parses_with_kernels():
 
 
 def test_metadata_has_the_fields_kernels_requires():
-    meta = build_variant.metadata("_maxsim_cuda_0123456789_hub", _ops.parse_archs(_ops.DEFAULT_ARCHS))
+    meta = build_variant.metadata(
+        "_maxsim_cuda_0123456789_hub", _ops.parse_archs(_ops.DEFAULT_ARCHS)
+    )
     assert meta["name"] == BUILD_TOML["general"]["name"] == "maxsim"
     assert meta["id"] == "_maxsim_cuda_0123456789_hub"
     assert isinstance(meta["version"], int)
     assert meta["license"] == "Apache-2.0"
     assert meta["python-depends"] == []
-    assert meta["backend"] == {"type": "cuda", "archs": ["7.5", "8.0", "8.6", "8.9", "9.0a", "9.0+PTX"]}
+    assert meta["backend"] == {
+        "type": "cuda",
+        "archs": ["7.5", "8.0", "8.6", "8.9", "9.0a", "9.0+PTX"],
+    }
 
 
 def test_layout_of_a_variant(tmp_path):
@@ -79,8 +86,9 @@ def test_layout_of_a_variant(tmp_path):
     init = (variant / "__init__.py").read_text()
     original = (ROOT / "torch-ext" / "maxsim" / "__init__.py").read_text()
     assert "from ._ops import ops" in init
-    assert [line for line in init.splitlines() if line.strip() and "from ._ops import ops" not in line] \
-        == [line for line in original.splitlines() if line.strip()]
+    assert [
+        line for line in init.splitlines() if line.strip() and "from ._ops import ops" not in line
+    ] == [line for line in original.splitlines() if line.strip()]
     ops_py = (variant / "_ops.py").read_text()
     assert f"from . import {name}" in ops_py and f"ops = torch.ops.{name}" in ops_py
     assert "def add_op_namespace_prefix" in ops_py and "def load_cuda_ops" in ops_py
@@ -93,18 +101,27 @@ def test_layout_of_a_variant(tmp_path):
 def test_ops_import_goes_after_docstring_and_future_imports():
     source = '"""Doc."""\n\nfrom __future__ import annotations\n\nimport torch\n'
     out = build_variant.init_with_ops_import(source)
-    assert out.index("from __future__") < out.index("from ._ops import ops") < out.index("import torch")
+    assert (
+        out.index("from __future__")
+        < out.index("from ._ops import ops")
+        < out.index("import torch")
+    )
     compile(out, "__init__.py", "exec")
     assert build_variant.init_with_ops_import("x = 1\n").startswith("from ._ops import ops")
 
 
 def test_build_toml_matches_the_sources_and_archs():
     kernel = BUILD_TOML["kernel"]["maxsim"]
-    sources = sorted(p.relative_to(ROOT).as_posix() for pattern in ("*.cu", "*.cuh", "*.h")
-                     for p in (ROOT / "csrc").glob(pattern))
+    sources = sorted(
+        p.relative_to(ROOT).as_posix()
+        for pattern in ("*.cu", "*.cuh", "*.h")
+        for p in (ROOT / "csrc").glob(pattern)
+    )
     assert sorted(kernel["src"]) == sources, "list every csrc/*.cu, *.cuh, *.h in build.toml"
-    binding = sorted(["torch-ext/torch_binding.cpp"]
-                     + [p.relative_to(ROOT).as_posix() for p in (ROOT / "torch-ext").glob("*.h")])
+    binding = sorted(
+        ["torch-ext/torch_binding.cpp"]
+        + [p.relative_to(ROOT).as_posix() for p in (ROOT / "torch-ext").glob("*.h")]
+    )
     assert sorted(BUILD_TOML["torch"]["src"]) == binding
     assert kernel["cuda-capabilities"] == _ops.kernels_archs(_ops.parse_archs(_ops.DEFAULT_ARCHS))
 
@@ -119,11 +136,25 @@ def test_gencode_flags_and_archs():
     with pytest.raises(ValueError, match="sm_90"):
         _ops.parse_archs("sm_90")
     assert _ops.device_arch(9, 0) == "9.0a" and _ops.device_arch(8, 6) == "8.6"
+
+
+def test_which_gpus_a_build_runs_on():
+    archs = ["7.5", "8.0", "9.0a+PTX"]
+    assert _ops.runs_on(archs, (8, 6))  # sm_80 code runs on later minors
+    assert _ops.runs_on(archs, (9, 0))  # sm_90a
+    assert _ops.runs_on(archs, (12, 0))  # compute_90 PTX
+    assert not _ops.runs_on(archs, (7, 0))
+    assert not _ops.runs_on(["8.0", "9.0a"], (10, 0))  # arch-specific code, no PTX
+    assert not _ops.runs_on(["8.0"], (9, 0))
     assert "--use_fast_math" not in _ops.nvcc_flags(["8.0"])
 
 
 def test_source_hash_names_the_sources(tmp_path):
-    for rel, text in {"csrc/a.cu": "x", "csrc/a.cuh": "y", "torch-ext/torch_binding.cpp": "z"}.items():
+    for rel, text in {
+        "csrc/a.cu": "x",
+        "csrc/a.cuh": "y",
+        "torch-ext/torch_binding.cpp": "z",
+    }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     first = _ops.extension_name(tmp_path)
@@ -133,7 +164,9 @@ def test_source_hash_names_the_sources(tmp_path):
     assert _ops.extension_name(tmp_path) != first
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the answer on a machine without a GPU"
+)
 def test_loader_says_why_without_a_gpu():
     ops, reason = _ops.load_cuda_ops()
     assert ops is None
@@ -142,9 +175,12 @@ def test_loader_says_why_without_a_gpu():
 
 def test_info_runs_as_a_module():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "torch-ext"), env.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-m", "maxsim.info"], env=env, capture_output=True,
-                         text=True, timeout=300)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT / "torch-ext"), env.get("PYTHONPATH")])
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "maxsim.info"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     for key in ("maxsim", "torch", "device", "extension", "all-pairs", "retrieve"):
         assert key in out.stdout

@@ -1,9 +1,8 @@
 """The compatibility surface (``erikkaum/maxsim`` names and shapes) against its reference twins."""
 
+import maxsim
 import pytest
 import torch
-
-import maxsim
 from conftest import DTYPES, assert_close_rel, assert_exact, offsets_of, random_lengths, values
 
 
@@ -16,10 +15,16 @@ def candidates_case(device, dtype, b=3, k=4, lq=13, ld=10, h=20):
 
 
 def packed_case(device, dtype, nq=4, nd=5, lq=7, ld=9, h=20):
-    q_off, d_off = offsets_of(random_lengths(nq, lq, device)), offsets_of(random_lengths(nd, ld, device))
+    q_off, d_off = (
+        offsets_of(random_lengths(nq, lq, device)),
+        offsets_of(random_lengths(nd, ld, device)),
+    )
     queries = values((int(q_off[-1]), h), dtype, device, "grid")
     documents = values((int(d_off[-1]), h), dtype, device, "grid")
-    pair_q, pair_d = torch.randint(0, nq, (8,), device=device), torch.randint(0, nd, (8,), device=device)
+    pair_q, pair_d = (
+        torch.randint(0, nq, (8,), device=device),
+        torch.randint(0, nd, (8,), device=device),
+    )
     return queries, q_off, documents, d_off, pair_q, pair_d
 
 
@@ -32,8 +37,12 @@ def test_score_candidates_padded(backend_device, dtype):
     assert scores.shape == (3, 4) and argmax.shape == (3, 4, 13)
     assert ref_scores.dtype == torch.float32 and ref_argmax.dtype == torch.int32
     assert_exact(scores, argmax, ref_scores, ref_argmax)
-    torch.testing.assert_close(maxsim.score_candidates_padded(*args, backend=backend), scores, rtol=0, atol=0)
-    torch.testing.assert_close(maxsim.score_candidates_padded_reference(*args), ref_scores, rtol=0, atol=0)
+    torch.testing.assert_close(
+        maxsim.score_candidates_padded(*args, backend=backend), scores, rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        maxsim.score_candidates_padded_reference(*args), ref_scores, rtol=0, atol=0
+    )
     query_lengths = args[2]
     padding = torch.arange(13, device=device) >= query_lengths[:, None]
     assert torch.all(argmax[padding[:, None, :].expand_as(argmax)] == -1), "padding slots hold -1"
@@ -44,13 +53,20 @@ def test_score_contrastive(backend_device, dtype):
     backend, device = backend_device
     queries = values((3, 6, 20), dtype, device, "grid")
     _, _, documents, d_off, _, _ = packed_case(device, dtype)
-    scores, argmax = maxsim.score_contrastive_with_argmax(queries, documents, d_off, backend=backend)
-    ref_scores, ref_argmax = maxsim.score_contrastive_with_argmax_reference(queries, documents, d_off)
+    scores, argmax = maxsim.score_contrastive_with_argmax(
+        queries, documents, d_off, backend=backend
+    )
+    ref_scores, ref_argmax = maxsim.score_contrastive_with_argmax_reference(
+        queries, documents, d_off
+    )
     assert scores.shape == (3, 5) and argmax.shape == (3, 5, 6)
     assert_exact(scores, argmax, ref_scores, ref_argmax)
-    torch.testing.assert_close(maxsim.score_contrastive(queries, documents, d_off, backend=backend), scores,
-                               rtol=0, atol=0)
-    torch.testing.assert_close(maxsim.score_contrastive_reference(queries, documents, d_off), ref_scores)
+    torch.testing.assert_close(
+        maxsim.score_contrastive(queries, documents, d_off, backend=backend), scores, rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        maxsim.score_contrastive_reference(queries, documents, d_off), ref_scores
+    )
 
 
 @pytest.mark.parametrize("max_q_len", [None, 7, 11])
@@ -58,7 +74,9 @@ def test_score_contrastive(backend_device, dtype):
 def test_score_pairs_packed(backend_device, dtype, max_q_len):
     backend, device = backend_device
     args = packed_case(device, dtype)
-    scores, argmax = maxsim.score_pairs_packed_with_argmax(*args, max_q_len=max_q_len, backend=backend)
+    scores, argmax = maxsim.score_pairs_packed_with_argmax(
+        *args, max_q_len=max_q_len, backend=backend
+    )
     ref_scores, ref_argmax = maxsim.score_pairs_packed_with_argmax_reference(*args, max_q_len)
     width = max_q_len if max_q_len is not None else int((args[1][1:] - args[1][:-1]).max())
     assert scores.shape == (8,) and argmax.shape == (8, width)
@@ -73,7 +91,9 @@ def test_train_variants_are_autograd_aware(backend_device):
     queries, documents, q_len, d_len = candidates_case(device, torch.float32)
     queries.requires_grad_()
     documents.requires_grad_()
-    maxsim.score_candidates_padded_train(queries, documents, q_len, d_len, backend=backend).sum().backward()
+    maxsim.score_candidates_padded_train(
+        queries, documents, q_len, d_len, backend=backend
+    ).sum().backward()
     q_ref = queries.detach().clone().requires_grad_()
     d_ref = documents.detach().clone().requires_grad_()
     maxsim.score_candidates_padded_reference(q_ref, d_ref, q_len, d_len).sum().backward()
@@ -102,10 +122,15 @@ def test_accepts_what_the_peer_refused(backend_device):
     queries, documents, q_len, d_len = candidates_case(device, torch.float16, lq=5, h=7)
     q_len[0], d_len[1, 2] = 0, 0
     for index_dtype in (torch.int32, torch.int64):
-        scores = maxsim.score_candidates_padded(queries, documents, q_len.to(index_dtype), d_len.to(index_dtype),
-                                                backend=backend)
-        torch.testing.assert_close(scores, maxsim.score_candidates_padded_reference(queries, documents, q_len, d_len),
-                                   rtol=0, atol=0)
+        scores = maxsim.score_candidates_padded(
+            queries, documents, q_len.to(index_dtype), d_len.to(index_dtype), backend=backend
+        )
+        torch.testing.assert_close(
+            scores,
+            maxsim.score_candidates_padded_reference(queries, documents, q_len, d_len),
+            rtol=0,
+            atol=0,
+        )
     assert torch.all(scores[0] == 0) and scores[1, 2] == 0
 
 

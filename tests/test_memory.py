@@ -24,11 +24,18 @@ print((after - before) / 1024)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is in KiB on Linux")
-@pytest.mark.parametrize("call, args", [("maxsim", ""), ("retrieve", ", 2")], ids=["maxsim", "retrieve"])
+@pytest.mark.parametrize(
+    "call, args", [("maxsim", ""), ("retrieve", ", 2")], ids=["maxsim", "retrieve"]
+)
 def test_peak_memory_stays_bounded(call, args):
     env = dict(os.environ, MAXSIM_TORCH_MEMORY_MB="64", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "-c", SCRIPT.format(call=call, args=args)], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(call=call, args=args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     grew_mb = float(result.stdout.strip().splitlines()[-1])
     assert grew_mb < 150, f"{call}: peak RSS grew by {grew_mb:.0f} MB (limit 150 MB)"

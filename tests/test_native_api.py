@@ -1,11 +1,18 @@
 """The native surface (docs/API.md) on every backend, against the float64 reference."""
 
+import maxsim
 import pytest
 import torch
 import torch.nn.functional as F
-
-import maxsim
-from conftest import DTYPES, assert_close_rel, assert_exact, offsets_of, random_lengths, random_mask, values
+from conftest import (
+    DTYPES,
+    assert_close_rel,
+    assert_exact,
+    offsets_of,
+    random_lengths,
+    random_mask,
+    values,
+)
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
 from maxsim.reference import maxsim_reference_padded, reference_fwd
 
@@ -20,7 +27,11 @@ def test_maxsim_all_pairs_and_candidates(backend_device, dtype):
     Q = values((4, 6, 24), dtype, device, "grid")
     D = values((5, 9, 24), dtype, device, "grid")
     D4 = values((4, 3, 9, 24), dtype, device, "grid")
-    q_mask, d_mask, d4_mask = random_mask((4, 6), device), random_mask((5, 9), device), random_mask((4, 3, 9), device)
+    q_mask, d_mask, d4_mask = (
+        random_mask((4, 6), device),
+        random_mask((5, 9), device),
+        random_mask((4, 3, 9), device),
+    )
     scores, argmax = maxsim.maxsim_with_argmax(Q, D, q_mask, d_mask, backend=backend)
     ref = maxsim_reference_padded(Q[:, None], q_mask[:, None], D[None], d_mask[None])
     assert scores.shape == (4, 5) and argmax.shape == (4, 5, 6)
@@ -29,7 +40,9 @@ def test_maxsim_all_pairs_and_candidates(backend_device, dtype):
     ref = maxsim_reference_padded(Q[:, None], q_mask[:, None], D4, d4_mask)
     assert scores.shape == (4, 3) and argmax.shape == (4, 3, 6)
     assert_exact(scores, argmax, ref[0], ref[1].to(torch.int32))
-    torch.testing.assert_close(maxsim.maxsim(Q, D4, q_mask, d4_mask, backend=backend), scores, rtol=0, atol=0)
+    torch.testing.assert_close(
+        maxsim.maxsim(Q, D4, q_mask, d4_mask, backend=backend), scores, rtol=0, atol=0
+    )
 
 
 def test_maxsim_pairs_is_the_diagonal(backend_device):
@@ -57,8 +70,12 @@ def test_maxsim_varlen(backend_device, mode):
     if mode == "pairs":
         pq, pd = torch.randint(0, 4, (9,), device=device), torch.randint(0, 8, (9,), device=device)
         kwargs, ref_kwargs = dict(pair_q=pq, pair_d=pd), dict(layout=PAIRS, pair_q=pq, pair_d=pd)
-    scores = maxsim.maxsim_varlen(q, q_off, d, d_off, q_mask=q_mask, d_mask=d_mask, backend=backend, **kwargs)
-    ref = reference_fwd(q, d, q_offsets=q_off, q_mask=q_mask, d_offsets=d_off, d_mask=d_mask, **ref_kwargs)[0]
+    scores = maxsim.maxsim_varlen(
+        q, q_off, d, d_off, q_mask=q_mask, d_mask=d_mask, backend=backend, **kwargs
+    )
+    ref = reference_fwd(
+        q, d, q_offsets=q_off, q_mask=q_mask, d_offsets=d_off, d_mask=d_mask, **ref_kwargs
+    )[0]
     assert_exact(scores, None, ref, None)
 
 
@@ -69,8 +86,13 @@ def test_varlen_agrees_with_padded(backend_device):
     D = values((4, 5, 8), torch.float32, device, "grid")
     valid = torch.arange(7, device=device) < lengths[:, None]
     padded = maxsim.maxsim(Q, D, valid, backend=backend)
-    varlen = maxsim.maxsim_varlen(Q[valid], offsets_of(lengths), D.reshape(-1, 8), offsets_of(torch.full((4,), 5, device=device)),
-                                  backend=backend)
+    varlen = maxsim.maxsim_varlen(
+        Q[valid],
+        offsets_of(lengths),
+        D.reshape(-1, 8),
+        offsets_of(torch.full((4,), 5, device=device)),
+        backend=backend,
+    )
     torch.testing.assert_close(varlen, padded, rtol=0, atol=0)
 
 
@@ -103,8 +125,10 @@ def test_maxsim_scorer_module(backend_device):
     Q = values((2, 4, 8), torch.float32, device)
     D = values((3, 5, 8), torch.float32, device)
     d_mask = random_mask((3, 5), device)
-    torch.testing.assert_close(scorer(Q, D, d_mask=d_mask),
-                               maxsim.maxsim(Q, D, d_mask=d_mask, normalize=True, backend=backend))
+    torch.testing.assert_close(
+        scorer(Q, D, d_mask=d_mask),
+        maxsim.maxsim(Q, D, d_mask=d_mask, normalize=True, backend=backend),
+    )
 
 
 def test_auto_backend_picks_by_device(backend_device):

@@ -1,10 +1,9 @@
 """The ops are proper torch.library ops: opcheck passes on ``fwd`` and ``bwd`` of every namespace,
 and torch.compile(fullgraph=True) goes through forward and backward without a graph break."""
 
+import maxsim
 import pytest
 import torch
-
-import maxsim
 from conftest import op_args, ops_for, token_set, values
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
 
@@ -24,7 +23,10 @@ def sample(case, device, dtype=torch.float16, with_argmax=True):
     if layout == GROUPED:
         extra["group"] = 2
     if layout == PAIRS:
-        extra = dict(pair_q=torch.tensor([0, 2, 2, 1], device=device), pair_d=torch.tensor([5, 0, 1, 5], device=device))
+        extra = dict(
+            pair_q=torch.tensor([0, 2, 2, 1], device=device),
+            pair_d=torch.tensor([5, 0, 1, 5], device=device),
+        )
     return op_args(q, d, layout, with_argmax=with_argmax, **extra)
 
 
@@ -45,7 +47,9 @@ def test_opcheck_bwd(backend_device, case):
     scores, argmax = ops.fwd(*args)
     q, d, q_off, _, _, d_off, _, _, pq, pd, layout, group = args[:12]
     grad = torch.randn_like(scores)
-    torch.library.opcheck(ops.bwd.default, (grad, q, d, argmax, q_off, d_off, pq, pd, layout, group))
+    torch.library.opcheck(
+        ops.bwd.default, (grad, q, d, argmax, q_off, d_off, pq, pd, layout, group)
+    )
 
 
 def compiled_matches_eager(fn, inputs, backend="aot_eager"):
@@ -58,7 +62,7 @@ def compiled_matches_eager(fn, inputs, backend="aot_eager"):
     expected = fn(*eager_leaves)
     expected.square().sum().backward()
     torch.testing.assert_close(out, expected)
-    for got, want in zip(leaves, eager_leaves):
+    for got, want in zip(leaves, eager_leaves, strict=True):
         torch.testing.assert_close(got.grad, want.grad)
 
 
@@ -74,19 +78,31 @@ def native_calls(backend, device):
     q_len = torch.tensor([5, 0, 2], device=device)
     d_len = torch.tensor([[6, 1], [3, 0], [2, 6]], device=device)
     return {
-        "maxsim": (lambda Q, D: maxsim.maxsim(Q, D, q_mask, d_mask, normalize=True, backend=backend), (Q, D)),
+        "maxsim": (
+            lambda Q, D: maxsim.maxsim(Q, D, q_mask, d_mask, normalize=True, backend=backend),
+            (Q, D),
+        ),
         "maxsim 4-D": (lambda Q, D: maxsim.maxsim(Q, D, backend=backend), (Q, D4)),
         "maxsim_pairs": (lambda Q, D: maxsim.maxsim_pairs(Q, D, backend=backend), (Q, D[:3])),
         "scorer": (maxsim.MaxSimScorer(backend=backend), (Q, D)),
-        "maxsim_varlen": (lambda q, d: maxsim.maxsim_varlen(q, q_off, d, d_off, max_seqlen_q=5, backend=backend),
-                          (Q.reshape(-1, 16)[:7], D.reshape(-1, 16)[:10])),
-        "score_candidates_padded": (lambda Q, D: maxsim.score_candidates_padded(Q, D, q_len, d_len, backend=backend),
-                                    (Q, D4)),
-        "score_contrastive": (lambda Q, d: maxsim.score_contrastive(Q, d, d_off, backend=backend),
-                              (Q, D.reshape(-1, 16)[:10])),
-        "score_pairs_packed": (lambda q, d: maxsim.score_pairs_packed(q, q_off, d, d_off, pq, pd, max_q_len=5,
-                                                                      backend=backend),
-                               (Q.reshape(-1, 16)[:7], D.reshape(-1, 16)[:10])),
+        "maxsim_varlen": (
+            lambda q, d: maxsim.maxsim_varlen(q, q_off, d, d_off, max_seqlen_q=5, backend=backend),
+            (Q.reshape(-1, 16)[:7], D.reshape(-1, 16)[:10]),
+        ),
+        "score_candidates_padded": (
+            lambda Q, D: maxsim.score_candidates_padded(Q, D, q_len, d_len, backend=backend),
+            (Q, D4),
+        ),
+        "score_contrastive": (
+            lambda Q, d: maxsim.score_contrastive(Q, d, d_off, backend=backend),
+            (Q, D.reshape(-1, 16)[:10]),
+        ),
+        "score_pairs_packed": (
+            lambda q, d: maxsim.score_pairs_packed(
+                q, q_off, d, d_off, pq, pd, max_q_len=5, backend=backend
+            ),
+            (Q.reshape(-1, 16)[:7], D.reshape(-1, 16)[:10]),
+        ),
     }
 
 
@@ -104,3 +120,12 @@ def test_compile_fullgraph_inductor(backend_device):
     torch._dynamo.reset()
     fn, inputs = native_calls(backend, device)["maxsim 4-D"]
     compiled_matches_eager(fn, inputs, backend="inductor")
+
+
+def test_compile_with_batch_strided_inputs(backend_device):
+    """Fake kernels promise the strides the real ones produce, also for permuted inputs."""
+    backend, device = backend_device
+    torch._dynamo.reset()
+    Q = values((5, 3, 16), torch.float32, device).transpose(0, 1)  # [3, 5, 16], last dim contiguous
+    D = values((6, 4, 16), torch.float32, device).transpose(0, 1)
+    compiled_matches_eager(lambda Q, D: maxsim.maxsim(Q, D, backend=backend) * 2, (Q, D))

@@ -1,9 +1,9 @@
-"""``retrieve``: the streamed top-k equals the top-k of the full score matrix, ties to the lower index."""
-
-import pytest
-import torch
+"""``retrieve``: the streamed top-k equals the top-k of the full score matrix, ties to the lower
+document index."""
 
 import maxsim
+import pytest
+import torch
 from conftest import random_mask, values
 
 
@@ -20,7 +20,9 @@ def test_retrieve_equals_topk_of_full_scores(backend_device, chunk_size):
     Q = values((3, 5, 16), torch.float32, device, "grid")
     corpus = values((23, 9, 16), torch.float32, device, "grid")
     q_mask, d_mask = random_mask((3, 5), device), random_mask((23, 9), device)
-    scores, indices = maxsim.retrieve(Q, corpus, 6, q_mask, d_mask, chunk_size=chunk_size, backend=backend)
+    scores, indices = maxsim.retrieve(
+        Q, corpus, 6, q_mask, d_mask, chunk_size=chunk_size, backend=backend
+    )
     full = maxsim.maxsim(Q, corpus, q_mask, d_mask, backend=backend)
     assert scores.dtype == torch.float32 and indices.dtype == torch.int64
     torch.testing.assert_close(scores, torch.topk(full, 6).values, rtol=0, atol=0)
@@ -32,12 +34,16 @@ def test_ties_go_to_the_lower_document_index(backend_device):
     backend, device = backend_device
     Q = values((4, 5, 8), torch.bfloat16, device, "grid")
     distinct = values((6, 7, 8), torch.bfloat16, device, "grid")
-    corpus = distinct[torch.tensor([3, 1, 3, 0, 1, 5, 3, 2, 4, 0], device=device)]  # repeated documents
+    corpus = distinct[
+        torch.tensor([3, 1, 3, 0, 1, 5, 3, 2, 4, 0], device=device)
+    ]  # repeated documents
     q_mask = torch.ones(4, 5, dtype=torch.bool, device=device)
     q_mask[2] = False  # an empty query scores 0 everywhere: a tie across the whole corpus
     full = maxsim.maxsim(Q, corpus, q_mask, backend=backend)
     for chunk_size in (1, 4, None):
-        scores, indices = maxsim.retrieve(Q, corpus, 7, q_mask, chunk_size=chunk_size, backend=backend)
+        scores, indices = maxsim.retrieve(
+            Q, corpus, 7, q_mask, chunk_size=chunk_size, backend=backend
+        )
         ref_scores, ref_indices = full_ranking(full, 7)
         torch.testing.assert_close(scores, ref_scores, rtol=0, atol=0)
         assert torch.equal(indices, ref_indices)

@@ -1,12 +1,22 @@
 """The semantic contract (DESIGN.md section 4) on every backend: lengths, masks, padding, empty
 segments, ties, NaN, output dtype."""
 
+import maxsim
 import pytest
 import torch
-
-import maxsim
-from conftest import (DTYPES, assert_close_rel, assert_exact, fill_invalid, op_args, ops_for, prefix,
-                      random_mask, reference_of, token_set, values)
+from conftest import (
+    DTYPES,
+    assert_close_rel,
+    assert_exact,
+    fill_invalid,
+    op_args,
+    ops_for,
+    prefix,
+    random_mask,
+    reference_of,
+    token_set,
+    values,
+)
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
 from maxsim.reference import maxsim_reference_padded
 
@@ -84,7 +94,8 @@ def test_empty_query_and_empty_document(backend_device):
     q_len = torch.tensor([0, 7, 3], device=device)
     d_len = torch.tensor([11, 0, 5], device=device)
     scores, argmax = maxsim.score_candidates_padded_with_argmax(
-        Q, D[None].expand(3, -1, -1, -1), q_len, d_len[None].expand(3, -1), backend=backend)
+        Q, D[None].expand(3, -1, -1, -1), q_len, d_len[None].expand(3, -1), backend=backend
+    )
     assert torch.all(scores[0] == 0), "an empty query scores 0"
     assert torch.all(scores[:, 1] == 0), "an empty document contributes 0 per query token"
     assert torch.all(argmax[0] == -1) and torch.all(argmax[:, 1] == -1)
@@ -119,8 +130,12 @@ def test_ties_go_to_the_lowest_index(backend_device):
     D[:, 4] = Q[0, 1]
     D[:, 1] = 0.5 * Q[0, 1]
     scores, argmax = maxsim.maxsim_with_argmax(Q, D, backend=backend)
-    ref_scores, ref_argmax = reference_scores(Q, D, torch.ones(3, 5, dtype=torch.bool, device=device),
-                                              torch.ones(4, 12, dtype=torch.bool, device=device))
+    ref_scores, ref_argmax = reference_scores(
+        Q,
+        D,
+        torch.ones(3, 5, dtype=torch.bool, device=device),
+        torch.ones(4, 12, dtype=torch.bool, device=device),
+    )
     assert_exact(scores, argmax, ref_scores, ref_argmax.to(torch.int32))
     assert torch.all(argmax[0, :, 0] == 2) and torch.all(argmax[0, :, 1] == 4)
     # All-equal similarities: index 0 (the first valid token when the first ones are masked).
@@ -144,11 +159,15 @@ def test_nan_propagates(backend_device, where):
     scores, argmax = maxsim.maxsim_with_argmax(Q, D, d_mask=d_mask, backend=backend)
     if where == "query":
         assert torch.all(scores[0].isnan()) and not scores[1].isnan().any()
-        assert torch.all(argmax[0, :, 2] == 1), "a NaN query token's argmax is the first valid (NaN) token"
+        assert torch.all(argmax[0, :, 2] == 1), (
+            "a NaN query token's argmax is the first valid (NaN) token"
+        )
     else:
         assert torch.all(scores[:, 1].isnan()) and not scores[:, [0, 2]].isnan().any()
         assert torch.all(argmax[:, 1] == 6), "the first NaN document token is the argmax"
-    ref_scores, ref_argmax = reference_scores(Q, D, torch.ones(2, 7, dtype=torch.bool, device=device), d_mask)
+    ref_scores, ref_argmax = reference_scores(
+        Q, D, torch.ones(2, 7, dtype=torch.bool, device=device), d_mask
+    )
     assert_exact(scores, argmax, ref_scores, ref_argmax.to(torch.int32))
 
 
@@ -168,10 +187,15 @@ def test_scores_are_fp32_for_every_dtype(backend_device, dtype):
     Q, D = padded_inputs(device, dtype, data="normal")
     scores = maxsim.maxsim(Q, D, backend=backend)
     assert scores.dtype == torch.float32
-    assert maxsim.maxsim(Q, D[:4, None].expand(4, 2, -1, -1), backend=backend).dtype == torch.float32
+    assert (
+        maxsim.maxsim(Q, D[:4, None].expand(4, 2, -1, -1), backend=backend).dtype == torch.float32
+    )
     assert maxsim.maxsim_pairs(Q, D[:4], backend=backend).dtype == torch.float32
     full = torch.ones(Q.shape[:2], dtype=torch.bool, device=device)
-    assert_close_rel(scores, reference_scores(Q, D, full, torch.ones(D.shape[:2], dtype=torch.bool, device=device))[0])
+    assert_close_rel(
+        scores,
+        reference_scores(Q, D, full, torch.ones(D.shape[:2], dtype=torch.bool, device=device))[0],
+    )
 
 
 @pytest.mark.parametrize("layout", [GROUPED, PAIRS], ids=["grouped", "pairs"])
@@ -179,8 +203,13 @@ def test_every_pair_layout_handles_empty_segments(backend_device, layout):
     device = backend_device[1]
     q = token_set("packed", 4, 6, 8, torch.bfloat16, device, "grid")
     d = token_set("packed", 8, 6, 8, torch.bfloat16, device, "grid")
-    pairs = dict(group=2) if layout == GROUPED else dict(
-        pair_q=torch.tensor([0, 1, 0, 3], device=device), pair_d=torch.tensor([1, 0, 7, 1], device=device))
+    pairs = (
+        dict(group=2)
+        if layout == GROUPED
+        else dict(
+            pair_q=torch.tensor([0, 1, 0, 3], device=device),
+            pair_d=torch.tensor([1, 0, 7, 1], device=device),
+        )
+    )
     args = op_args(q, d, layout, **pairs)
     assert_exact(*ops_for(backend_device).fwd(*args), *reference_of(args))
-

@@ -1,18 +1,20 @@
 """Malformed input raises ValueError / TypeError naming the argument; value checks only under
 MAXSIM_DEBUG=1."""
 
+import maxsim
 import pytest
 import torch
-
-import maxsim
 from maxsim import validation
 
 H = 8
 
 
 def t(*shape, dtype=torch.float32, device="cpu"):
-    return torch.randn(shape, device=device).to(dtype) if dtype.is_floating_point else \
-        torch.zeros(shape, dtype=dtype, device=device)
+    return (
+        torch.randn(shape, device=device).to(dtype)
+        if dtype.is_floating_point
+        else torch.zeros(shape, dtype=dtype, device=device)
+    )
 
 
 def raises(exc, name, fn, *args, **kwargs):
@@ -25,53 +27,118 @@ def raises(exc, name, fn, *args, **kwargs):
 Q, D = t(2, 3, H), t(4, 5, H)
 OFF = torch.tensor([0, 2, 5], dtype=torch.int32)
 PACKED = t(5, H)
+PAIR = torch.tensor([1, 0], dtype=torch.int32)  # valid ids for two segments
 
 
-@pytest.mark.parametrize("case", [
-    ("Q", ValueError, lambda: maxsim.maxsim(t(3, H), D)),
-    ("Q", TypeError, lambda: maxsim.maxsim([[1.0]], D)),
-    ("Q", TypeError, lambda: maxsim.maxsim(t(2, 3, H, dtype=torch.int32), D)),
-    ("Q", TypeError, lambda: maxsim.maxsim(t(2, 3, H, dtype=torch.float64), D)),
-    ("Q", ValueError, lambda: maxsim.maxsim(t(2, 3, 0), t(4, 5, 0))),
-    ("D", ValueError, lambda: maxsim.maxsim(Q, t(5, H))),
-    ("D", ValueError, lambda: maxsim.maxsim(Q, t(1, 2, 3, 4, H))),
-    ("D", TypeError, lambda: maxsim.maxsim(Q, t(4, 5, H, dtype=torch.float16))),
-    ("D", ValueError, lambda: maxsim.maxsim(Q, t(4, 5, H + 1))),
-    ("D", ValueError, lambda: maxsim.maxsim(Q, t(4, 5, H, device="meta"))),
-    ("D", ValueError, lambda: maxsim.maxsim(Q, t(3, 2, 5, H))),
-    ("q_mask", ValueError, lambda: maxsim.maxsim(Q, D, q_mask=torch.ones(2, 4, dtype=torch.bool))),
-    ("q_mask", ValueError, lambda: maxsim.maxsim(Q, D, q_mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))),
-    ("q_mask", TypeError, lambda: maxsim.maxsim(Q, D, q_mask=torch.ones(2, 3, dtype=torch.complex64))),
-    ("q_mask", TypeError, lambda: maxsim.maxsim(Q, D, q_mask=[[True] * 3] * 2)),
-    ("d_mask", ValueError, lambda: maxsim.maxsim(Q, D, d_mask=torch.ones(4, dtype=torch.bool))),
-    ("d_mask", ValueError, lambda: maxsim.maxsim(Q, t(2, 3, 5, H), d_mask=torch.ones(6, 5, dtype=torch.bool))),
-    ("backend", ValueError, lambda: maxsim.maxsim(Q, D, backend="triton")),
-    ("D", ValueError, lambda: maxsim.maxsim_pairs(Q, D)),
-    ("D", ValueError, lambda: maxsim.maxsim_pairs(Q, t(2, 5))),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("Q", ValueError, lambda: maxsim.maxsim(t(3, H), D)),
+        ("Q", TypeError, lambda: maxsim.maxsim([[1.0]], D)),
+        ("Q", TypeError, lambda: maxsim.maxsim(t(2, 3, H, dtype=torch.int32), D)),
+        ("Q", TypeError, lambda: maxsim.maxsim(t(2, 3, H, dtype=torch.float64), D)),
+        ("Q", ValueError, lambda: maxsim.maxsim(t(2, 3, 0), t(4, 5, 0))),
+        ("D", ValueError, lambda: maxsim.maxsim(Q, t(5, H))),
+        ("D", ValueError, lambda: maxsim.maxsim(Q, t(1, 2, 3, 4, H))),
+        ("D", TypeError, lambda: maxsim.maxsim(Q, t(4, 5, H, dtype=torch.float16))),
+        ("D", ValueError, lambda: maxsim.maxsim(Q, t(4, 5, H + 1))),
+        ("D", ValueError, lambda: maxsim.maxsim(Q, t(4, 5, H, device="meta"))),
+        ("D", ValueError, lambda: maxsim.maxsim(Q, t(3, 2, 5, H))),
+        (
+            "q_mask",
+            ValueError,
+            lambda: maxsim.maxsim(Q, D, q_mask=torch.ones(2, 4, dtype=torch.bool)),
+        ),
+        (
+            "q_mask",
+            ValueError,
+            lambda: maxsim.maxsim(Q, D, q_mask=torch.ones(2, 3, dtype=torch.bool, device="meta")),
+        ),
+        (
+            "q_mask",
+            TypeError,
+            lambda: maxsim.maxsim(Q, D, q_mask=torch.ones(2, 3, dtype=torch.complex64)),
+        ),
+        ("q_mask", TypeError, lambda: maxsim.maxsim(Q, D, q_mask=[[True] * 3] * 2)),
+        ("d_mask", ValueError, lambda: maxsim.maxsim(Q, D, d_mask=torch.ones(4, dtype=torch.bool))),
+        (
+            "d_mask",
+            ValueError,
+            lambda: maxsim.maxsim(Q, t(2, 3, 5, H), d_mask=torch.ones(6, 5, dtype=torch.bool)),
+        ),
+        ("backend", ValueError, lambda: maxsim.maxsim(Q, D, backend="triton")),
+        ("D", ValueError, lambda: maxsim.maxsim_pairs(Q, D)),
+        ("D", ValueError, lambda: maxsim.maxsim_pairs(Q, t(2, 5))),
+    ],
+)
 def test_native_surface_names_the_argument(case):
     name, exc, call = case
     raises(exc, name, call)
 
 
-@pytest.mark.parametrize("case", [
-    ("q", ValueError, lambda: maxsim.maxsim_varlen(Q, OFF, PACKED, OFF)),
-    ("cu_seqlens_q", TypeError, lambda: maxsim.maxsim_varlen(PACKED, OFF.float(), PACKED, OFF)),
-    ("cu_seqlens_q", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF[None], PACKED, OFF)),
-    ("cu_seqlens_q", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF[:0], PACKED, OFF)),
-    ("cu_seqlens_d", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF.to("meta"))),
-    ("cu_seqlens_d", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, num_candidates=2)),
-    ("num_candidates", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, num_candidates=-1)),
-    ("num_candidates", ValueError, lambda: maxsim.maxsim_varlen(
-        PACKED, OFF, PACKED, OFF, num_candidates=1, pair_q=OFF[:2], pair_d=OFF[:2])),
-    ("pair_d", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, pair_q=OFF[:2])),
-    ("pair_q", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, pair_d=OFF[:2])),
-    ("pair_d", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, pair_q=OFF[:2], pair_d=OFF)),
-    ("pair_q", TypeError, lambda: maxsim.maxsim_varlen(
-        PACKED, OFF, PACKED, OFF, pair_q=OFF[:2].float(), pair_d=OFF[:2])),
-    ("max_seqlen_q", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, max_seqlen_q=-1)),
-    ("d_mask", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, d_mask=torch.ones(4) > 0)),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("q", ValueError, lambda: maxsim.maxsim_varlen(Q, OFF, PACKED, OFF)),
+        ("cu_seqlens_q", TypeError, lambda: maxsim.maxsim_varlen(PACKED, OFF.float(), PACKED, OFF)),
+        ("cu_seqlens_q", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF[None], PACKED, OFF)),
+        ("cu_seqlens_q", ValueError, lambda: maxsim.maxsim_varlen(PACKED, OFF[:0], PACKED, OFF)),
+        (
+            "cu_seqlens_d",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF.to("meta")),
+        ),
+        (
+            "cu_seqlens_d",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, num_candidates=2),
+        ),
+        (
+            "num_candidates",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, num_candidates=-1),
+        ),
+        (
+            "num_candidates",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(
+                PACKED, OFF, PACKED, OFF, num_candidates=1, pair_q=PAIR, pair_d=PAIR
+            ),
+        ),
+        (
+            "pair_d",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, pair_q=PAIR),
+        ),
+        (
+            "pair_q",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, pair_d=PAIR),
+        ),
+        (
+            "pair_d",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, pair_q=PAIR, pair_d=OFF),
+        ),
+        (
+            "pair_q",
+            TypeError,
+            lambda: maxsim.maxsim_varlen(
+                PACKED, OFF, PACKED, OFF, pair_q=PAIR.float(), pair_d=PAIR
+            ),
+        ),
+        (
+            "max_seqlen_q",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, max_seqlen_q=-1),
+        ),
+        (
+            "d_mask",
+            ValueError,
+            lambda: maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, d_mask=torch.ones(4) > 0),
+        ),
+    ],
+)
 def test_varlen_names_the_argument(case):
     name, exc, call = case
     raises(exc, name, call)
@@ -81,26 +148,48 @@ LQ, LD = torch.tensor([3, 1]), torch.tensor([[5, 2, 0]] * 2)
 CAND = t(2, 3, 5, H)
 
 
-@pytest.mark.parametrize("case", [
-    ("queries", ValueError, lambda: maxsim.score_candidates_padded(t(3, H), CAND, LQ, LD)),
-    ("documents", ValueError, lambda: maxsim.score_candidates_padded(Q, t(3, 3, 5, H), LQ, LD)),
-    ("documents", TypeError, lambda: maxsim.score_candidates_padded(Q, CAND.half(), LQ, LD)),
-    ("query_lengths", ValueError, lambda: maxsim.score_candidates_padded(Q, CAND, LQ[:1], LD)),
-    ("query_lengths", TypeError, lambda: maxsim.score_candidates_padded(Q, CAND, LQ.float(), LD)),
-    ("doc_lengths", ValueError, lambda: maxsim.score_candidates_padded(Q, CAND, LQ, LD[:, :2])),
-    ("doc_lengths", ValueError, lambda: maxsim.score_candidates_padded(Q, CAND, LQ, LD.to("meta"))),
-    ("documents", ValueError, lambda: maxsim.score_contrastive(Q, D, OFF)),
-    ("document_offsets", TypeError, lambda: maxsim.score_contrastive(Q, PACKED, OFF.double())),
-    ("queries", ValueError, lambda: maxsim.score_pairs_packed(Q, OFF, PACKED, OFF, OFF[:2], OFF[:2])),
-    ("pair_document_ids", ValueError, lambda: maxsim.score_pairs_packed(PACKED, OFF, PACKED, OFF, OFF[:2], OFF)),
-    ("max_q_len", ValueError, lambda: maxsim.score_pairs_packed(
-        PACKED, OFF, PACKED, OFF, OFF[:2], OFF[:2], max_q_len=2.5)),
-    ("corpus", TypeError, lambda: maxsim.retrieve(Q, D.half(), 2)),
-    ("top_k", ValueError, lambda: maxsim.retrieve(Q, D, 5)),
-    ("top_k", ValueError, lambda: maxsim.retrieve(Q, D, -1)),
-    ("chunk_size", ValueError, lambda: maxsim.retrieve(Q, D, 2, chunk_size=0)),
-    ("d_mask", ValueError, lambda: maxsim.retrieve(Q, D, 2, d_mask=torch.ones(4, 4) > 0)),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("queries", ValueError, lambda: maxsim.score_candidates_padded(t(3, H), CAND, LQ, LD)),
+        ("documents", ValueError, lambda: maxsim.score_candidates_padded(Q, t(3, 3, 5, H), LQ, LD)),
+        ("documents", TypeError, lambda: maxsim.score_candidates_padded(Q, CAND.half(), LQ, LD)),
+        ("query_lengths", ValueError, lambda: maxsim.score_candidates_padded(Q, CAND, LQ[:1], LD)),
+        (
+            "query_lengths",
+            TypeError,
+            lambda: maxsim.score_candidates_padded(Q, CAND, LQ.float(), LD),
+        ),
+        ("doc_lengths", ValueError, lambda: maxsim.score_candidates_padded(Q, CAND, LQ, LD[:, :2])),
+        (
+            "doc_lengths",
+            ValueError,
+            lambda: maxsim.score_candidates_padded(Q, CAND, LQ, LD.to("meta")),
+        ),
+        ("documents", ValueError, lambda: maxsim.score_contrastive(Q, D, OFF)),
+        ("document_offsets", TypeError, lambda: maxsim.score_contrastive(Q, PACKED, OFF.double())),
+        (
+            "queries",
+            ValueError,
+            lambda: maxsim.score_pairs_packed(Q, OFF, PACKED, OFF, PAIR, PAIR),
+        ),
+        (
+            "pair_document_ids",
+            ValueError,
+            lambda: maxsim.score_pairs_packed(PACKED, OFF, PACKED, OFF, PAIR, OFF),
+        ),
+        (
+            "max_q_len",
+            ValueError,
+            lambda: maxsim.score_pairs_packed(PACKED, OFF, PACKED, OFF, PAIR, PAIR, max_q_len=2.5),
+        ),
+        ("corpus", TypeError, lambda: maxsim.retrieve(Q, D.half(), 2)),
+        ("top_k", ValueError, lambda: maxsim.retrieve(Q, D, 5)),
+        ("top_k", ValueError, lambda: maxsim.retrieve(Q, D, -1)),
+        ("chunk_size", ValueError, lambda: maxsim.retrieve(Q, D, 2, chunk_size=0)),
+        ("d_mask", ValueError, lambda: maxsim.retrieve(Q, D, 2, d_mask=torch.ones(4, 4) > 0)),
+    ],
+)
 def test_compat_and_retrieve_name_the_argument(case):
     name, exc, call = case
     raises(exc, name, call)
@@ -116,7 +205,9 @@ def test_errors_show_the_shape_and_the_expectation():
 def test_backend_cuda_without_extension_says_why():
     if maxsim.cuda_ops()[0] is not None:
         pytest.skip("the CUDA extension is available here")
-    with pytest.raises(RuntimeError, match="backend='cuda'.*unavailable: " + maxsim.cuda_ops()[1][:20]):
+    with pytest.raises(
+        RuntimeError, match="backend='cuda'.*unavailable: " + maxsim.cuda_ops()[1][:20]
+    ):
         maxsim.maxsim(Q, D, backend="cuda")
 
 
@@ -126,10 +217,13 @@ def test_only_a_strided_last_dim_is_copied():
     y = t(2, H, 3).transpose(1, 2)  # stride(-1) == 3
     copy = validation.embeddings("Q", y, ("Nq", "Lq", "H"))
     assert copy.stride(-1) == 1 and torch.equal(copy, y)
-    torch.testing.assert_close(maxsim.maxsim(y, D), maxsim.maxsim(y.contiguous(), D), rtol=0, atol=0)
+    torch.testing.assert_close(
+        maxsim.maxsim(y, D), maxsim.maxsim(y.contiguous(), D), rtol=0, atol=0
+    )
 
 
 # ---- value checks: MAXSIM_DEBUG=1 only ----
+
 
 @pytest.fixture
 def debug(monkeypatch):
@@ -142,14 +236,17 @@ def pairs_call(q_off=OFF, d_off=OFF, pq=None, pd=None, **kw):
     return maxsim.score_pairs_packed(PACKED, q_off, PACKED, d_off, pq, pd, **kw)
 
 
-@pytest.mark.parametrize("case", [
-    ("query_offsets", "[0] == 0", dict(q_off=torch.tensor([1, 2, 5]))),
-    ("query_offsets", "non-decreasing", dict(q_off=torch.tensor([0, 3, 2, 5]))),
-    ("document_offsets", "== 5 (the number of tokens)", dict(d_off=torch.tensor([0, 2, 4]))),
-    ("pair_query_ids", "query id in [0, 2)", dict(pq=torch.tensor([0, 2]))),
-    ("pair_document_ids", "document id in [0, 2)", dict(pd=torch.tensor([-1, 0]))),
-    ("max_q_len", "longest segment", dict(max_q_len=2)),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("query_offsets", "[0] == 0", dict(q_off=torch.tensor([1, 2, 5]))),
+        ("query_offsets", "non-decreasing", dict(q_off=torch.tensor([0, 3, 2, 5]))),
+        ("document_offsets", "== 5 (the number of tokens)", dict(d_off=torch.tensor([0, 2, 4]))),
+        ("pair_query_ids", "query id in [0, 2)", dict(pq=torch.tensor([0, 2]))),
+        ("pair_document_ids", "document id in [0, 2)", dict(pd=torch.tensor([-1, 0]))),
+        ("max_q_len", "longest query", dict(max_q_len=2)),
+    ],
+)
 def test_debug_mode_checks_values(debug, case):
     name, expectation, kwargs = case
     message = raises(ValueError, name, pairs_call, **kwargs)
@@ -157,16 +254,59 @@ def test_debug_mode_checks_values(debug, case):
 
 
 def test_debug_mode_checks_lengths(debug):
-    raises(ValueError, "query_lengths", maxsim.score_candidates_padded, Q, CAND, torch.tensor([4, 1]), LD)
-    raises(ValueError, "doc_lengths", maxsim.score_candidates_padded, Q, CAND, LQ, torch.tensor([[5, 6, 0]] * 2))
-    raises(ValueError, "query_lengths", maxsim.score_candidates_padded, Q, CAND, torch.tensor([-1, 1]), LD)
+    raises(
+        ValueError,
+        "query_lengths",
+        maxsim.score_candidates_padded,
+        Q,
+        CAND,
+        torch.tensor([4, 1]),
+        LD,
+    )
+    raises(
+        ValueError,
+        "doc_lengths",
+        maxsim.score_candidates_padded,
+        Q,
+        CAND,
+        LQ,
+        torch.tensor([[5, 6, 0]] * 2),
+    )
+    raises(
+        ValueError,
+        "query_lengths",
+        maxsim.score_candidates_padded,
+        Q,
+        CAND,
+        torch.tensor([-1, 1]),
+        LD,
+    )
 
 
 def test_debug_mode_checks_varlen(debug):
-    raises(ValueError, "cu_seqlens_d", maxsim.maxsim_varlen, PACKED, OFF, PACKED, torch.tensor([0, 6, 5]))
-    raises(ValueError, "pair_d", maxsim.maxsim_varlen, PACKED, OFF, PACKED, OFF,
-           pair_q=torch.tensor([0]), pair_d=torch.tensor([2]))
-    raises(ValueError, "max_seqlen_q", maxsim.maxsim_varlen, PACKED, OFF, PACKED, OFF, max_seqlen_q=1)
+    raises(
+        ValueError,
+        "cu_seqlens_d",
+        maxsim.maxsim_varlen,
+        PACKED,
+        OFF,
+        PACKED,
+        torch.tensor([0, 6, 5]),
+    )
+    raises(
+        ValueError,
+        "pair_d",
+        maxsim.maxsim_varlen,
+        PACKED,
+        OFF,
+        PACKED,
+        OFF,
+        pair_q=torch.tensor([0]),
+        pair_d=torch.tensor([2]),
+    )
+    raises(
+        ValueError, "max_seqlen_q", maxsim.maxsim_varlen, PACKED, OFF, PACKED, OFF, max_seqlen_q=1
+    )
 
 
 def test_value_checks_are_off_without_debug(monkeypatch):
@@ -181,3 +321,11 @@ def test_debug_mode_accepts_good_input(debug):
     pairs_call(max_q_len=3)
     maxsim.score_candidates_padded(Q, CAND, LQ, LD)
     maxsim.maxsim_varlen(PACKED, OFF, PACKED, OFF, num_candidates=1, max_seqlen_q=3)
+
+
+def test_masks_come_out_contiguous_bool():
+    base = torch.rand(2, 6) > 0.5
+    strided = base[:, ::2]
+    out = validation.mask("q_mask", strided, (2, 3), torch.device("cpu"))
+    assert out.dtype == torch.bool and out.is_contiguous() and torch.equal(out, strided)
+    torch.testing.assert_close(maxsim.maxsim(Q, D, q_mask=strided), maxsim.maxsim(Q, D, q_mask=out))

@@ -7,13 +7,15 @@
 2. a just-in-time build of the CUDA sources with ninja, cached on disk (first use on a GPU machine);
 3. nothing, with a sentence saying why.
 
-The recipe (sources, hash, flags, architectures) lives here rather than in setup.py so that the JIT
-build, `pip install` and `scripts/build_variant.py` compile exactly the same thing. This file imports
-nothing from the package, so the build scripts can load it by path before the package is installed.
+The recipe (sources, hash, flags, architectures) lives here rather than in setup.py so that the
+JIT build, `pip install` and `scripts/build_variant.py` compile exactly the same thing. This file
+imports nothing from the package, so the build scripts can load it by path before the package is
+installed.
 """
 
 import functools
 import hashlib
+import importlib
 import os
 import re
 import shutil
@@ -35,7 +37,13 @@ DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX"
 CXX_FLAGS = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
 NVCC_BASE_FLAGS = ["-O3", "-lineinfo"]
 
-_SOURCE_GLOBS = ("csrc/*.cu", "csrc/*.cuh", "csrc/*.h", "torch-ext/torch_binding.cpp", "torch-ext/*.h")
+_SOURCE_GLOBS = (
+    "csrc/*.cu",
+    "csrc/*.cuh",
+    "csrc/*.h",
+    "torch-ext/torch_binding.cpp",
+    "torch-ext/*.h",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,12 +89,12 @@ def source_hash(root):
 
 
 def extension_name(root):
-    """The module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`."""
+    """Module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`."""
     return EXTENSION_PREFIX + source_hash(root)
 
 
 def parse_archs(spec):
-    """"7.5 8.0;9.0a+PTX" -> ["7.5", "8.0", "9.0a+PTX"] (spaces, commas or semicolons)."""
+    """Split an arch list on spaces, commas or semicolons: "8.0;9.0a+PTX" -> ["8.0", "9.0a+PTX"]."""
     archs = [a for a in re.split(r"[\s,;]+", spec.strip()) if a]
     for arch in archs:
         if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch):
@@ -121,6 +129,22 @@ def kernels_archs(archs):
     return out
 
 
+def runs_on(archs, capability):
+    """Whether a build for `archs` has code for a GPU of `capability` (major, minor): machine code
+    runs on its own major version at the same or a higher minor, "a" code only on its exact GPU,
+    PTX on its capability and anything newer."""
+    for arch in archs:
+        cc = arch.removesuffix("+PTX")
+        major, minor = (int(x) for x in cc.rstrip("af").split("."))
+        if cc.endswith("a") and capability == (major, minor):
+            return True
+        if not cc.endswith("a") and capability[0] == major and capability[1] >= minor:
+            return True
+        if arch.endswith("+PTX") and capability >= (major, minor):
+            return True
+    return False
+
+
 def device_arch(major, minor):
     """The arch a JIT build targets for a GPU: Hopper gets its arch-specific variant (wgmma)."""
     return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
@@ -137,7 +161,9 @@ def cxx_flags():
 def cuda_wheel_include_flags():
     """`-isystem` for the headers of the NVIDIA pip wheels (cuBLAS, cuSPARSE, ... that torch's
     headers include), searched after the toolkit's own: a toolkit installed from pip lacks them."""
-    includes = {str(inc) for site in sys.path if site for inc in Path(site).glob("nvidia/*/include")}
+    includes = {
+        str(inc) for site in sys.path if site for inc in Path(site).glob("nvidia/*/include")
+    }
     return [flag for inc in sorted(includes) for flag in ("-isystem", inc)]
 
 
@@ -157,7 +183,9 @@ def find_cuda_home():
     try:
         out = subprocess.run(
             [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -173,10 +201,14 @@ def use_cuda_home(home):
 
 
 def cuda_version_of(home):
-    """"13.0" from the toolkit's nvcc, or None."""
+    """The toolkit's version ("13.0") as its nvcc reports it, or None."""
     try:
-        out = subprocess.run([str(Path(home) / "bin" / "nvcc"), "--version"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [str(Path(home) / "bin" / "nvcc"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r"release (\d+\.\d+)", out)
@@ -228,9 +260,9 @@ def _load():
 
 
 def _registered(torch, name):
+    """Whether some earlier load in this process registered the namespace already."""
     try:
-        getattr(torch.ops, name).fwd
-        return True
+        return getattr(torch.ops, name).fwd is not None
     except (AttributeError, RuntimeError):
         return False
 
@@ -238,9 +270,7 @@ def _registered(torch, name):
 def _load_shipped(torch, root):
     """The module a `pip install` compiled into the package, if it fits this torch and sources."""
     try:
-        from importlib import import_module
-
-        info = import_module(f"{__package__}._build_info") if __package__ else None
+        info = importlib.import_module(f"{__package__}._build_info") if __package__ else None
     except ImportError:
         info = None
     if info is None:
@@ -251,8 +281,16 @@ def _load_shipped(torch, root):
     built, running = info.TORCH_VERSION.split("+")[0], torch.__version__.split("+")[0]
     if built.split(".")[:2] != running.split(".")[:2]:
         return None, f"the prebuilt {name} was built for torch {built}, this is torch {running}"
+    archs = parse_archs(info.CUDA_ARCHS)
+    for i in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(i)
+        if not runs_on(archs, (major, minor)):
+            return (
+                None,
+                f"the prebuilt {name} ({info.CUDA_ARCHS}) has no code for sm_{major}{minor}",
+            )
     if not _registered(torch, name):
-        import_module(f"{__package__}.{name}")  # its static initialisers register the ops
+        importlib.import_module(f"{__package__}.{name}")  # its static initialisers register the ops
     return getattr(torch.ops, name), f"prebuilt {name} ({info.CUDA_ARCHS})"
 
 
@@ -280,16 +318,24 @@ def _load_jit(torch, root):
     name = extension_name(root)
     if _registered(torch, name):
         return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
-    archs = sorted({device_arch(*torch.cuda.get_device_capability(i))
-                    for i in range(torch.cuda.device_count())})
+    archs = sorted(
+        {
+            device_arch(*torch.cuda.get_device_capability(i))
+            for i in range(torch.cuda.device_count())
+        }
+    )
     sm = "-".join("sm" + a.replace(".", "") for a in archs)
 
-    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    cache = Path(
+        os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    )
     build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-{sm}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not (build_dir / f"{name}.so").exists():
-        print(f"maxsim: compiling the CUDA extension for {sm} once (cached in {build_dir})",
-              file=sys.stderr)
+        print(
+            f"maxsim: compiling the CUDA extension for {sm} once (cached in {build_dir})",
+            file=sys.stderr,
+        )
     try:
         cpp_extension.load(
             name=name,

@@ -2,12 +2,10 @@
 order, shapes and dtypes, so code written against it runs unchanged (docs/API.md).
 
 Unlike there, lengths may be 0, any Lq / D is accepted, and no call syncs with the host except
-``score_pairs_packed*`` asked for an argmax (or a gradient) without ``max_q_len``. Every function
+``score_pairs_packed*`` without ``max_q_len`` (it reads the longest query once). Every function
 is autograd-aware; the ``_train`` names are the same functions. Argmax holds -1 where a query token
 is padding or meets no valid document token.
 """
-
-import torch
 
 from . import validation as check
 from .dispatch import forward
@@ -20,11 +18,16 @@ def _candidates(queries, documents, query_lengths, doc_lengths, want_argmax, bac
     check.same_space("queries", queries, "documents", documents)
     b, lq = queries.shape[:2]
     if documents.size(0) != b:
-        raise ValueError(f"documents: expected batch {b} like queries [B, K, Ld, D], got shape {tuple(documents.shape)}")
-    k, ld = documents.shape[1:3]
+        raise ValueError(
+            f"documents: expected batch {b} like queries [B, K, Ld, D], "
+            f"got shape {tuple(documents.shape)}"
+        )
+    k = documents.size(1)
     q = check.padded(queries, lengths=query_lengths, lengths_name="query_lengths")
     doc_lengths = check.index("doc_lengths", doc_lengths, (b, k), documents.device)
-    d = check.padded(documents.flatten(0, 1), lengths=doc_lengths.flatten(), lengths_name="doc_lengths")
+    d = check.padded(
+        documents.flatten(0, 1), lengths=doc_lengths.flatten(), lengths_name="doc_lengths"
+    )
     return forward(q, d, GROUPED, group=k, max_lq=lq, want_argmax=want_argmax, backend=backend)
 
 
@@ -37,7 +40,9 @@ def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *, b
     return _candidates(queries, documents, query_lengths, doc_lengths, False, backend)[0]
 
 
-def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths, *, backend="auto"):
+def score_candidates_padded_with_argmax(
+    queries, documents, query_lengths, doc_lengths, *, backend="auto"
+):
     """Shapes: as :func:`score_candidates_padded`, plus argmax int32 ``[B, K, Lq]``."""
     return _candidates(queries, documents, query_lengths, doc_lengths, True, backend)
 
@@ -65,48 +70,102 @@ def score_contrastive_with_argmax(queries, documents, document_offsets, *, backe
     return _contrastive(queries, documents, document_offsets, True, backend)
 
 
-def _pairs(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-           max_q_len, want_argmax, backend):
+def _pairs(
+    queries,
+    query_offsets,
+    documents,
+    document_offsets,
+    pair_query_ids,
+    pair_document_ids,
+    max_q_len,
+    want_argmax,
+    backend,
+):
     queries = check.embeddings("queries", queries, ("total_q_tokens", "D"))
     documents = check.embeddings("documents", documents, ("total_d_tokens", "D"))
     check.same_space("queries", queries, "documents", documents)
     q = check.packed(queries, query_offsets, offsets_name="query_offsets")
     d = check.packed(documents, document_offsets, offsets_name="document_offsets")
-    pair_q, pair_d = check.pair_ids("pair_query_ids", pair_query_ids, "pair_document_ids", pair_document_ids,
-                                    q.count, d.count, queries.device)
-    needs_grad = torch.is_grad_enabled() and (queries.requires_grad or documents.requires_grad)
-    if max_q_len is not None:
-        max_lq = check.max_length("max_q_len", max_q_len, "query_offsets", q.offsets)
-    elif want_argmax or needs_grad:
-        max_lq = check.longest_segment(q.offsets)  # the documented host sync
-    else:
-        max_lq = queries.size(0)  # any bound is valid when no argmax is computed
-    return forward(q, d, PAIRS, pair_q=pair_q, pair_d=pair_d, max_lq=max_lq,
-                   want_argmax=want_argmax, backend=backend)
+    pair_q, pair_d = check.pair_ids(
+        "pair_query_ids",
+        pair_query_ids,
+        "pair_document_ids",
+        pair_document_ids,
+        q.count,
+        d.count,
+        queries.device,
+    )
+    max_lq = check.query_width("max_q_len", max_q_len, q.offsets)
+    return forward(
+        q,
+        d,
+        PAIRS,
+        pair_q=pair_q,
+        pair_d=pair_d,
+        max_lq=max_lq,
+        want_argmax=want_argmax,
+        backend=backend,
+    )
 
 
-def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                       pair_document_ids, *, max_q_len=None, backend="auto"):
+def score_pairs_packed(
+    queries,
+    query_offsets,
+    documents,
+    document_offsets,
+    pair_query_ids,
+    pair_document_ids,
+    *,
+    max_q_len=None,
+    backend="auto",
+):
     """Arbitrary (query, document) pairs of packed token sets.
 
     Shapes: queries ``[total_q_tokens, D]``, query_offsets ``[Nq+1]``, documents
     ``[total_d_tokens, D]``, document_offsets ``[Nd+1]``, pair ids ``[P]`` -> ``[P]`` fp32.
-    With a gradient to compute and no ``max_q_len``, the longest query is read from
-    ``query_offsets`` (one device->host sync).
+    Without ``max_q_len`` (>= the longest query) the longest query is read from
+    ``query_offsets``: one device->host sync; pass it to keep the call sync-free.
     """
-    return _pairs(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-                  max_q_len, False, backend)[0]
+    return _pairs(
+        queries,
+        query_offsets,
+        documents,
+        document_offsets,
+        pair_query_ids,
+        pair_document_ids,
+        max_q_len,
+        False,
+        backend,
+    )[0]
 
 
-def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                                   pair_document_ids, *, max_q_len=None, backend="auto"):
+def score_pairs_packed_with_argmax(
+    queries,
+    query_offsets,
+    documents,
+    document_offsets,
+    pair_query_ids,
+    pair_document_ids,
+    *,
+    max_q_len=None,
+    backend="auto",
+):
     """Shapes: as :func:`score_pairs_packed`, plus argmax int32 ``[P, max_q_len]``.
 
     Without ``max_q_len`` the argmax is as wide as the longest query, read from ``query_offsets``
     (one device->host sync); pass ``max_q_len`` (>= the longest query) to avoid it.
     """
-    return _pairs(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-                  max_q_len, True, backend)
+    return _pairs(
+        queries,
+        query_offsets,
+        documents,
+        document_offsets,
+        pair_query_ids,
+        pair_document_ids,
+        max_q_len,
+        True,
+        backend,
+    )
 
 
 # The plain functions are autograd-aware; these names keep code written for the peer running.

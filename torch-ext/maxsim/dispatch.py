@@ -1,4 +1,5 @@
-"""Picks the namespace that runs a call (the CUDA extension's or ``maxsim_torch``) and calls ``fwd``.
+"""Picks the namespace that runs a call (the CUDA extension's or ``maxsim_torch``) and calls
+``fwd``.
 
 The extension is looked up once, at import, and only where CUDA is available; its ops then get
 the same fake kernels and autograd formula as the pure-PyTorch ones.
@@ -34,7 +35,8 @@ def cuda_ops():
 
 
 def select_ops(device: torch.device, backend: str = "auto"):
-    """The op namespace for tensors on ``device``: the CUDA extension when it applies, else ``maxsim_torch``.
+    """The op namespace for tensors on ``device``: the CUDA extension when it applies, else
+    ``maxsim_torch``.
 
     ``backend`` forces one: "torch" always works; "cuda" raises if the extension is unavailable.
     """
@@ -51,14 +53,44 @@ def select_ops(device: torch.device, backend: str = "auto"):
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
-def forward(q: TokenSet, d: TokenSet, layout: int, *, group: int = 0, pair_q=None, pair_d=None,
-            max_lq: int, want_argmax: bool, backend: str = "auto"):
-    """Run ``fwd`` on validated token sets; the argmax is computed only when wanted or needed for grad.
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd will need a backward through these inputs (so ``fwd`` keeps its argmax)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def forward(
+    q: TokenSet,
+    d: TokenSet,
+    layout: int,
+    *,
+    group: int = 0,
+    pair_q=None,
+    pair_d=None,
+    max_lq: int,
+    want_argmax: bool,
+    backend: str = "auto",
+):
+    """Run ``fwd`` on validated token sets; the argmax is computed only when wanted or when an
+    input requires grad.
 
     Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
     ``scores.shape + [max_lq]`` when computed, else ``[0]``.
     """
-    needs_grad = torch.is_grad_enabled() and (q.x.requires_grad or d.x.requires_grad)
     ops = select_ops(q.x.device, backend)
-    return ops.fwd(q.x, d.x, q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, pair_q, pair_d,
-                   layout, group, max_lq, want_argmax or needs_grad, False)
+    return ops.fwd(
+        q.x,
+        d.x,
+        q.offsets,
+        q.lengths,
+        q.mask,
+        d.offsets,
+        d.lengths,
+        d.mask,
+        pair_q,
+        pair_d,
+        layout,
+        group,
+        max_lq,
+        want_argmax or needs_grad(q.x, d.x),
+        False,
+    )

@@ -1,12 +1,16 @@
-"""Pure-PyTorch implementation of the ``fwd`` and ``bwd`` ops (CPU, MPS, CUDA without the extension).
+"""Pure-PyTorch implementation of the ``fwd`` and ``bwd`` ops: CPU, MPS, CUDA without the extension.
 
 Same semantics as the CUDA kernels (docs/ARCHITECTURE.md). Pairs are scored in chunks sized from
 ``MAXSIM_TORCH_MEMORY_MB``, so the ``[.., Lq, Ld]`` similarities of a whole batch never exist at
-once. fp16 / bf16 tokens are upcast to fp32 one chunk at a time; fp32 is exact (``tf32`` is ignored).
+once. fp16 / bf16 tokens are upcast to fp32 a chunk at a time; fp32 is exact (``tf32`` is ignored).
 
 Padded token sets are read without any device->host sync. A packed token set is gathered into
-padded blocks as wide as its longest segment, and that length is read on the host once per call
-(free on CPU, one sync on other devices). ``bwd`` never reads device values.
+padded blocks: packed queries as wide as ``max_lq`` (the bound the kernels size their work by;
+tokens past it are not scored), packed documents as wide as their longest segment, which is read
+on the host once per call (free on CPU, one sync on other devices).
+
+``bwd`` never reads device values and never lets floating-point atomics decide an order, so its
+gradients are bit-identical run after run.
 """
 
 import contextlib
@@ -20,6 +24,8 @@ from .settings import memory_budget_bytes
 _SIM_BYTES = 7
 # Bytes per query token of a pair: per-token maxima, indices and validity on the way to the score.
 _TOKEN_BYTES = 32
+# Bytes per (pair, query token) in backward, per embedding dim: gathered rows, fp32 copy, product.
+_GRAD_BYTES = 16
 
 
 class _Segments:
@@ -29,19 +35,24 @@ class _Segments:
     (``offsets [N+1]``, ``mask [T]``).
     """
 
-    def __init__(self, x, offsets, lengths, mask):
+    def __init__(self, x, offsets, lengths, mask, width=None):
         self.x, self.mask = x, mask
         self.packed = x.dim() == 2
         if self.packed:
             self.starts = offsets[:-1].long()
             self.lengths = (offsets[1:] - offsets[:-1]).long()
-            self.width = int(self.lengths.max()) if self.lengths.numel() else 0  # the one host read
+            if width is None:  # the longest segment: the one host read
+                width = int(self.lengths.max()) if self.lengths.numel() else 0
+            self.width = width
         else:
             self.lengths = None if lengths is None else lengths.long()
             self.width = x.size(1)
 
     def gather(self, ids):
-        """fp32 tokens ``[n, width, H]`` and validity ``[n, width]`` of segments ``ids`` (slice or int64)."""
+        """fp32 tokens ``[n, width, H]`` and validity ``[n, width]`` of segments ``ids``.
+
+        ``ids`` is a slice (padded: a view, no copy) or an int64 index tensor.
+        """
         cols = torch.arange(self.width, device=self.x.device)
         if self.packed:
             rows = (self.starts[ids, None] + cols).clamp_(max=max(self.x.size(0) - 1, 0))
@@ -67,7 +78,7 @@ def _fit(budget: int, per_item: int, total: int) -> int:
 
 @contextlib.contextmanager
 def _exact_fp32_matmul(device: torch.device):
-    """cuBLAS uses TF32 for fp32 matmuls when the global flag allows it; the fallback stays exact."""
+    """cuBLAS uses TF32 for fp32 matmuls when the global flag allows; the fallback stays exact."""
     if device.type != "cuda" or not torch.backends.cuda.matmul.allow_tf32:
         yield
         return
@@ -81,8 +92,8 @@ def _exact_fp32_matmul(device: torch.device):
 def _reduce(sim, q_valid, d_valid):
     """Scores and argmax of a block of similarities.
 
-    Shapes: ``sim [a, Lq, b, Ld]`` fp32 (overwritten), ``q_valid [a, Lq]``, ``d_valid [a or 1, b, Ld]``
-    -> scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32.
+    Shapes: ``sim [a, Lq, b, Ld]`` fp32 (overwritten), ``q_valid [a, Lq]``,
+    ``d_valid [a or 1, b, Ld]`` -> scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32.
     """
     a, lq, b, ld = sim.shape
     d_valid = d_valid[:, None]  # [a or 1, 1, b, Ld]
@@ -113,16 +124,35 @@ def _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, device):
     return pair_q[p0:p1].long(), pair_d[p0:p1].long()
 
 
-def fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
-        layout, group, max_lq, with_argmax, tf32):
-    """The ``fwd`` op: scores fp32 ``scores_shape(..)``, argmax int32 ``scores_shape + [max_lq]`` or ``[0]``."""
+def fwd(
+    q,
+    d,
+    q_offsets,
+    q_lengths,
+    q_mask,
+    d_offsets,
+    d_lengths,
+    d_mask,
+    pair_q,
+    pair_d,
+    layout,
+    group,
+    max_lq,
+    with_argmax,
+    tf32,
+):
+    """The ``fwd`` op (schema: docs/ARCHITECTURE.md).
+
+    Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
+    ``scores.shape + [max_lq]`` when ``with_argmax``, else ``[0]``.
+    """
     shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
     scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
     if with_argmax:
         argmax = torch.full((*shape, max_lq), -1, dtype=torch.int32, device=q.device)
     else:
         argmax = torch.empty(0, dtype=torch.int32, device=q.device)
-    queries = _Segments(q, q_offsets, q_lengths, q_mask)
+    queries = _Segments(q, q_offsets, q_lengths, q_mask, width=max_lq)
     documents = _Segments(d, d_offsets, d_lengths, d_mask)
     if scores.numel() == 0 or queries.width == 0:
         return scores, argmax
@@ -131,8 +161,17 @@ def fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q
             _fwd_allpairs(queries, documents, scores, argmax if with_argmax else None)
         else:
             flat_argmax = argmax.view(scores.numel(), max_lq) if with_argmax else None
-            _fwd_paired(queries, documents, layout, group, pair_q, pair_d,
-                        scores.view(-1), flat_argmax, segment_count(d, d_offsets))
+            _fwd_paired(
+                queries,
+                documents,
+                layout,
+                group,
+                pair_q,
+                pair_d,
+                scores.view(-1),
+                flat_argmax,
+                segment_count(d, d_offsets),
+            )
     return scores, argmax
 
 
@@ -154,10 +193,11 @@ def _fwd_allpairs(queries, documents, scores, argmax):
             a = q_tokens.size(0)
             # One expression, so no similarity block outlives its reduction.
             block_scores, block_argmax = _reduce(
-                (q_tokens.reshape(a * lw, h) @ d_flat.T).view(a, lw, b, dw), q_valid, d_valid[None])
-            scores[i0:i0 + a, j0:j0 + b] = block_scores
+                (q_tokens.reshape(a * lw, h) @ d_flat.T).view(a, lw, b, dw), q_valid, d_valid[None]
+            )
+            scores[i0 : i0 + a, j0 : j0 + b] = block_scores
             if argmax is not None:
-                argmax[i0:i0 + a, j0:j0 + b, :keep] = block_argmax[..., :keep]
+                argmax[i0 : i0 + a, j0 : j0 + b, :keep] = block_argmax[..., :keep]
 
 
 def _fwd_paired(queries, documents, layout, group, pair_q, pair_d, scores, argmax, nd):
@@ -172,7 +212,10 @@ def _fwd_paired(queries, documents, layout, group, pair_q, pair_d, scores, argma
         q_tokens, q_valid = queries.gather(qi)
         d_tokens, d_valid = documents.gather(dj)
         block_scores, block_argmax = _reduce(
-            torch.bmm(q_tokens, d_tokens.transpose(1, 2)).view(p1 - p0, lw, 1, dw), q_valid, d_valid[:, None])
+            torch.bmm(q_tokens, d_tokens.transpose(1, 2)).view(p1 - p0, lw, 1, dw),
+            q_valid,
+            d_valid[:, None],
+        )
         scores[p0:p1] = block_scores[:, 0]
         if argmax is not None:
             argmax[p0:p1, :keep] = block_argmax[:, 0, :keep]
@@ -185,50 +228,40 @@ def _starts(x, offsets):
     return torch.arange(x.size(0), device=x.device) * x.size(1)
 
 
-def _run_sums_scan(target, values):
-    """Sums of runs of equal (sorted) targets, at each run's first row: a segmented suffix scan.
+def _add_rows_sorted(acc, target, values):
+    """Device-agnostic ``_add_rows``: stable sort by target, then a segmented suffix scan.
 
-    ``log2(M)`` passes over ``values``; used where ``segment_reduce`` has no kernel (e.g. MPS).
+    After ``log2(M)`` passes every run's first row holds the run's sum. Only those rows reach
+    their target, once each; every other row goes to the scratch row.
     """
+    target, order = torch.sort(target, stable=True)
+    values = values[order]
     shift = 1
     while shift < target.numel():
         same = (target[:-shift] == target[shift:])[:, None]
-        values = torch.cat([values[:-shift] + torch.where(same, values[shift:], 0.0), values[-shift:]])
+        values = torch.cat(
+            [values[:-shift] + torch.where(same, values[shift:], 0.0), values[-shift:]]
+        )
         shift *= 2
-    return values
-
-
-def _run_sums(target, values):
-    """Sums of runs of equal (sorted) targets, at each run's first row (other rows: anything).
-
-    Shapes: ``target [M]`` sorted, ``values [M, H]`` -> ``[M, H]``.
-    """
-    if values.device.type not in ("cpu", "cuda"):
-        return _run_sums_scan(target, values)
-    m = target.numel()
-    positions = torch.arange(m, device=target.device)
     starts = torch.ones_like(target, dtype=torch.bool)
     starts[1:] = target[1:] != target[:-1]
-    # The next run start after each row, by a reversed running minimum of the start positions.
-    next_start = torch.where(starts, positions, m).flip(0).cummin(0).values.flip(0)
-    next_start = torch.cat([next_start[1:], next_start.new_full((1,), m)])
-    lengths = torch.where(starts, next_start - positions, 0)  # one segment per row, empty unless a start
-    return torch.segment_reduce(values, "sum", lengths=lengths, axis=0, unsafe=True)
+    acc.index_put_((torch.where(starts, target, acc.size(0) - 1),), values, accumulate=True)
 
 
 def _add_rows(acc, target, values):
-    """``acc[target[m]] += values[m]`` without floating-point atomics, so the result is bit-stable.
+    """``acc[target[m]] += values[m]`` in an order fixed by the inputs, so results are bit-stable.
 
-    Sorts the rows by target (stable), sums every run of equal targets in a fixed order, then adds
-    each run's total once. Rows aimed at the last row of ``acc`` (a scratch row) are discarded by
-    the caller.
-    Shapes: ``acc [R+1, H]`` fp32, ``target [M]`` int64 in ``[0, R]``, ``values [M, H]`` fp32.
+    Shapes: ``acc [R+1, H]`` fp32, ``target [M]`` int64 in ``[0, R]``, ``values [M, H]`` fp32;
+    row ``R`` is scratch (the caller discards it).
     """
-    target, order = torch.sort(target, stable=True)
-    sums = _run_sums(target, values[order])
-    starts = torch.ones_like(target, dtype=torch.bool)
-    starts[1:] = target[1:] != target[:-1]
-    acc.index_put_((torch.where(starts, target, acc.size(0) - 1),), sums, accumulate=True)
+    if acc.device.type == "cpu":
+        acc.index_add_(0, target, values)  # on CPU a serial loop over the rows of values
+    elif acc.device.type == "cuda":
+        # CUDA accumulate=True sorts the targets and one warp sums each run in order: no atomics
+        # (unlike index_add_).
+        acc.index_put_((target,), values, accumulate=True)
+    else:
+        _add_rows_sorted(acc, target, values)
 
 
 def _weighted_rows(rows, index, weight):
@@ -237,7 +270,7 @@ def _weighted_rows(rows, index, weight):
 
 
 def bwd(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group):
-    """The ``bwd`` op: ``dq`` like ``q``, ``dd`` like ``d``; only the argmax tokens receive gradient.
+    """The ``bwd`` op: ``dq`` like ``q``, ``dd`` like ``d``; only argmax tokens receive gradient.
 
     Every (pair, query token) that won a max adds ``grad * d[winner]`` to its query token and
     ``grad * q[token]`` to the winning document token, accumulated in fp32 and rounded once.
@@ -253,7 +286,7 @@ def bwd(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group)
         g = grad.reshape(pairs).float()
         won_by = argmax.reshape(pairs, width)
         cols = torch.arange(width, device=q.device)
-        bp = _fit(memory_budget_bytes(), width * (h * 4 * 8 + 64), pairs)
+        bp = _fit(memory_budget_bytes(), width * (h * _GRAD_BYTES + 64), pairs)
         for p0 in range(0, pairs, bp):
             p1 = min(p0 + bp, pairs)
             qi, dj = _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, q.device)

@@ -41,8 +41,10 @@ def _cuda_kernel_path(dtype, capability):
     if dtype == torch.float32:
         return "exact fp32 SIMT kernel (TF32 only on request)"
     if capability >= (8, 0):
-        return "tensor cores (mma.sync) when H % 8 == 0, H <= 256 and rows are 16-byte aligned; " \
-               "exact SIMT kernel otherwise"
+        return (
+            "tensor cores (mma.sync) when H % 8 == 0, H <= 256 and rows are 16-byte aligned; "
+            "exact SIMT kernel otherwise"
+        )
     return "exact SIMT kernel (tensor-core path needs sm_80+)"
 
 
@@ -67,8 +69,9 @@ def info(file=sys.stdout):
     ops, reason = cuda_ops()
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {torch.cuda.device_count()} visible)"
-    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        count = torch.cuda.device_count()
+        device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {count} visible)"
+    elif torch.backends.mps.is_available():
         device = "Apple MPS (PyTorch fallback)"
     else:
         device = "CPU only"
@@ -96,8 +99,10 @@ def _print(report, file):
             print(f"{key:<{width}}  {lines[0]}", file=file)
             for line in lines[1:]:
                 print(f"{'':<{width}}  {line}", file=file)
-    print("\nbackend for CUDA tensors, by layout and dtype (CPU / MPS tensors: torch fallback):",
-          file=file)
+    print(
+        "\nbackend for CUDA tensors, by layout and dtype (CPU / MPS tensors: torch fallback):",
+        file=file,
+    )
     for layout, by_dtype in report["backends"].items():
         print(f"  {layout} ({LAYOUTS[layout]})", file=file)
         choices = set(by_dtype.values())

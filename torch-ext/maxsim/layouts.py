@@ -11,7 +11,7 @@ PAIRS = 2  # pair p: query pair_q[p] with document pair_d[p] -> [P]
 
 
 def segment_count(x: torch.Tensor, offsets) -> int:
-    """Number of segments of a token set: ``N`` of a padded ``[N, L, H]`` or packed ``offsets [N+1]``."""
+    """Segments ``N`` of a token set: padded ``x [N, L, H]``, or packed ``offsets [N+1]``."""
     return x.size(0) if x.dim() == 3 else offsets.size(0) - 1
 
 

@@ -21,7 +21,9 @@ def _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax):
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
-        raise ValueError(f"D: expected 3-D [Nd, Ld, H] or 4-D [Nq, K, Ld, H], got shape {tuple(D.shape)}")
+        raise ValueError(
+            f"D: expected 3-D [Nd, Ld, H] or 4-D [Nq, K, Ld, H], got shape {tuple(D.shape)}"
+        )
     D = check.embeddings("D", D, ("Nd", "Ld", "H") if D.dim() == 3 else ("Nq", "K", "Ld", "H"))
     check.same_space("Q", Q, "D", D)
     nq, lq = Q.shape[:2]
@@ -31,10 +33,15 @@ def _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax):
         layout, group = ALLPAIRS, 0
     else:
         if D.size(0) != nq:
-            raise ValueError(f"D: expected {nq} rows of candidates [Nq, K, Ld, H] like Q, got shape {tuple(D.shape)}")
+            raise ValueError(
+                f"D: expected {nq} rows of candidates [Nq, K, Ld, H] like Q, "
+                f"got shape {tuple(D.shape)}"
+            )
         d_mask = check.mask("d_mask", d_mask, D.shape[:3], D.device)
-        d = check.TokenSet(_normalized(D, normalize).flatten(0, 1),
-                           mask=None if d_mask is None else d_mask.flatten(0, 1))
+        d = check.TokenSet(
+            _normalized(D, normalize).flatten(0, 1),
+            mask=None if d_mask is None else d_mask.flatten(0, 1),
+        )
         layout, group = GROUPED, D.size(1)
     return forward(q, d, layout, group=group, max_lq=lq, want_argmax=want_argmax, backend=backend)
 
@@ -43,7 +50,8 @@ def maxsim(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="auto"):
     """MaxSim of every query with every document (3-D ``D``) or with its own candidates (4-D ``D``).
 
     Shapes:
-        Q ``[Nq, Lq, H]``; D ``[Nd, Ld, H]`` -> ``[Nq, Nd]`` or D ``[Nq, K, Ld, H]`` -> ``[Nq, K]``, fp32.
+        Q ``[Nq, Lq, H]``; D ``[Nd, Ld, H]`` -> ``[Nq, Nd]``; D ``[Nq, K, Ld, H]`` -> ``[Nq, K]``;
+        scores are fp32.
         q_mask ``[Nq, Lq]``; d_mask ``[Nd, Ld]`` or ``[Nq, K, Ld]`` (True / nonzero = valid token).
     ``normalize=True`` L2-normalises every token first (differentiably).
     """
@@ -62,38 +70,66 @@ def maxsim_with_argmax(Q, D, q_mask=None, d_mask=None, *, normalize=False, backe
 def maxsim_pairs(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="auto"):
     """MaxSim of query ``b`` with document ``b`` only (the diagonal of :func:`maxsim`).
 
-    Shapes: Q ``[B, Lq, H]``, D ``[B, Ld, H]``, q_mask ``[B, Lq]``, d_mask ``[B, Ld]`` -> ``[B]`` fp32.
+    Shapes: Q ``[B, Lq, H]``, D ``[B, Ld, H]``, q_mask ``[B, Lq]``, d_mask ``[B, Ld]``
+    -> ``[B]`` fp32.
     """
     Q = check.embeddings("Q", Q, ("B", "Lq", "H"))
     D = check.embeddings("D", D, ("B", "Ld", "H"))
     check.same_space("Q", Q, "D", D)
     if D.size(0) != Q.size(0):
-        raise ValueError(f"D: expected {Q.size(0)} documents, one per query in Q, got shape {tuple(D.shape)}")
+        raise ValueError(
+            f"D: expected {Q.size(0)} documents, one per query in Q, got shape {tuple(D.shape)}"
+        )
     q = check.padded(_normalized(Q, normalize), m=q_mask, mask_name="q_mask")
     d = check.padded(_normalized(D, normalize), m=d_mask, mask_name="d_mask")
-    scores, _ = forward(q, d, GROUPED, group=1, max_lq=Q.size(1), want_argmax=False, backend=backend)
+    scores, _ = forward(
+        q, d, GROUPED, group=1, max_lq=Q.size(1), want_argmax=False, backend=backend
+    )
     return scores.view(Q.size(0))
 
 
-def maxsim_varlen(q, cu_seqlens_q, d, cu_seqlens_d, *, max_seqlen_q=None, num_candidates=None,
-                  pair_q=None, pair_d=None, q_mask=None, d_mask=None, normalize=False, backend="auto"):
+def maxsim_varlen(
+    q,
+    cu_seqlens_q,
+    d,
+    cu_seqlens_d,
+    *,
+    max_seqlen_q=None,
+    num_candidates=None,
+    pair_q=None,
+    pair_d=None,
+    q_mask=None,
+    d_mask=None,
+    normalize=False,
+    backend="auto",
+):
     """MaxSim of packed (variable-length) queries and documents.
 
     Shapes:
-        q ``[Tq, H]`` split by ``cu_seqlens_q [Nq+1]``; d ``[Td, H]`` split by ``cu_seqlens_d [Nd+1]``;
-        q_mask ``[Tq]``, d_mask ``[Td]``.
+        q ``[Tq, H]`` split by ``cu_seqlens_q [Nq+1]``; d ``[Td, H]`` split by
+        ``cu_seqlens_d [Nd+1]``; q_mask ``[Tq]``, d_mask ``[Td]``.
         default -> ``[Nq, Nd]`` (all pairs); ``num_candidates=K`` (Nd == Nq*K) -> ``[Nq, K]``;
         ``pair_q``, ``pair_d`` ``[P]`` -> ``[P]``.
-    When an input requires grad and ``max_seqlen_q`` is None, the longest query is read from
-    ``cu_seqlens_q`` (one device->host sync); pass it to avoid that.
+    Without ``max_seqlen_q`` (>= the longest query) the longest query is read from
+    ``cu_seqlens_q``: one device->host sync; pass it to keep the call sync-free.
     """
     q = check.embeddings("q", q, ("Tq", "H"))
     d = check.embeddings("d", d, ("Td", "H"))
     check.same_space("q", q, "d", d)
-    queries = check.packed(_normalized(q, normalize), cu_seqlens_q, offsets_name="cu_seqlens_q",
-                           m=q_mask, mask_name="q_mask")
-    docs = check.packed(_normalized(d, normalize), cu_seqlens_d, offsets_name="cu_seqlens_d",
-                        m=d_mask, mask_name="d_mask")
+    queries = check.packed(
+        _normalized(q, normalize),
+        cu_seqlens_q,
+        offsets_name="cu_seqlens_q",
+        m=q_mask,
+        mask_name="q_mask",
+    )
+    docs = check.packed(
+        _normalized(d, normalize),
+        cu_seqlens_d,
+        offsets_name="cu_seqlens_d",
+        m=d_mask,
+        mask_name="d_mask",
+    )
     layout, group, pair_ids = ALLPAIRS, 0, (None, None)
     if (pair_q is None) != (pair_d is None):
         given, missing = ("pair_q", "pair_d") if pair_d is None else ("pair_d", "pair_q")
@@ -102,22 +138,29 @@ def maxsim_varlen(q, cu_seqlens_q, d, cu_seqlens_d, *, max_seqlen_q=None, num_ca
         if num_candidates is not None:
             raise ValueError("num_candidates: expected None when pair_q / pair_d are given")
         layout = PAIRS
-        pair_ids = check.pair_ids("pair_q", pair_q, "pair_d", pair_d, queries.count, docs.count, q.device)
+        pair_ids = check.pair_ids(
+            "pair_q", pair_q, "pair_d", pair_d, queries.count, docs.count, q.device
+        )
     elif num_candidates is not None:
-        if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) or num_candidates < 0:
-            raise ValueError(f"num_candidates: expected a non-negative int, got {num_candidates!r}")
+        check.integer("num_candidates", num_candidates)
         if docs.count != queries.count * num_candidates:
-            raise ValueError(f"cu_seqlens_d: expected {queries.count} * {num_candidates} documents "
-                             f"(num_candidates per query), got {docs.count}")
+            raise ValueError(
+                f"cu_seqlens_d: expected {queries.count} * {num_candidates} documents "
+                f"(num_candidates per query), got {docs.count}"
+            )
         layout, group = GROUPED, num_candidates
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or d.requires_grad)
-    if max_seqlen_q is not None:
-        max_lq = check.max_length("max_seqlen_q", max_seqlen_q, "cu_seqlens_q", queries.offsets)
-    else:
-        # Any bound is valid when no argmax is returned; the exact one costs a sync.
-        max_lq = check.longest_segment(queries.offsets) if needs_grad else q.size(0)
-    scores, _ = forward(queries, docs, layout, group=group, pair_q=pair_ids[0], pair_d=pair_ids[1],
-                        max_lq=max_lq, want_argmax=False, backend=backend)
+    max_lq = check.query_width("max_seqlen_q", max_seqlen_q, queries.offsets)
+    scores, _ = forward(
+        queries,
+        docs,
+        layout,
+        group=group,
+        pair_q=pair_ids[0],
+        pair_d=pair_ids[1],
+        max_lq=max_lq,
+        want_argmax=False,
+        backend=backend,
+    )
     return scores
 
 

@@ -1,4 +1,5 @@
-"""Plain float64 PyTorch MaxSim: the obviously-correct baseline for tests, and the ``*_reference`` twins.
+"""Plain float64 PyTorch MaxSim: the obviously-correct baseline of the tests and the
+``*_reference`` twins.
 
 It builds the whole ``[.., Lq, Ld]`` similarity tensor in float64 and reads offsets on the host:
 slow and memory-hungry on purpose. It is differentiable, so its float64 autograd is the
@@ -14,7 +15,8 @@ def maxsim_reference_padded(Q, q_valid, D, d_valid):
     """MaxSim of padded blocks whose leading dims broadcast.
 
     Shapes: ``Q [..., Lq, H]``, ``q_valid [..., Lq]``, ``D [..., Ld, H]``, ``d_valid [..., Ld]``
-    -> scores float64 ``[...]``, argmax int64 ``[..., Lq]`` (-1: invalid query token or no valid document token).
+    -> scores float64 ``[...]``, argmax int64 ``[..., Lq]`` (-1: invalid query token, or no valid
+    document token).
     """
     Q = torch.where(q_valid[..., None], Q.double(), 0.0)  # padding never reaches the arithmetic
     D = torch.where(d_valid[..., None], D.double(), 0.0)
@@ -46,7 +48,7 @@ def _as_padded(x, offsets, lengths, mask):
             valid &= mask.bool()
         return x.double(), valid
     bounds = offsets.tolist()
-    spans = list(zip(bounds[:-1], bounds[1:]))
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
     width = max((end - start for start, end in spans), default=0)
     out = x.new_zeros((len(spans), width, x.size(-1)), dtype=torch.float64)
     valid = torch.zeros((len(spans), width), dtype=torch.bool, device=x.device)
@@ -56,9 +58,22 @@ def _as_padded(x, offsets, lengths, mask):
     return out, valid
 
 
-def reference_fwd(q, d, q_offsets=None, q_lengths=None, q_mask=None, d_offsets=None, d_lengths=None,
-                  d_mask=None, pair_q=None, pair_d=None, layout=ALLPAIRS, group=0, max_lq=None):
-    """The ``fwd`` op in float64: same arguments, scores float64 and argmax int32 ``[..., max_lq]``."""
+def reference_fwd(
+    q,
+    d,
+    q_offsets=None,
+    q_lengths=None,
+    q_mask=None,
+    d_offsets=None,
+    d_lengths=None,
+    d_mask=None,
+    pair_q=None,
+    pair_d=None,
+    layout=ALLPAIRS,
+    group=0,
+    max_lq=None,
+):
+    """The ``fwd`` op in float64: same arguments; scores float64, argmax int32 ``[..., max_lq]``."""
     Q, q_valid = _as_padded(q, q_offsets, q_lengths, q_mask)
     D, d_valid = _as_padded(d, d_offsets, d_lengths, d_mask)
     if layout == ALLPAIRS:
@@ -83,6 +98,7 @@ def _prefix_valid(lengths, width):
 
 # Compatibility twins: same arguments as the functions in compat.py, float64 inside, fp32 out.
 
+
 def maxsim_reference(q, d):
     """One pair: ``q [Lq, H]``, ``d [Ld, H]`` -> scalar fp32 score."""
     return maxsim_reference_with_argmax(q, d)[0]
@@ -91,13 +107,17 @@ def maxsim_reference(q, d):
 def maxsim_reference_with_argmax(q, d):
     """One pair: ``q [Lq, H]``, ``d [Ld, H]`` -> (scalar fp32 score, int32 argmax ``[Lq]``)."""
     scores, argmax = maxsim_reference_padded(
-        q, torch.ones(q.shape[:1], dtype=torch.bool, device=q.device),
-        d, torch.ones(d.shape[:1], dtype=torch.bool, device=d.device))
+        q,
+        torch.ones(q.shape[:1], dtype=torch.bool, device=q.device),
+        d,
+        torch.ones(d.shape[:1], dtype=torch.bool, device=d.device),
+    )
     return scores.float(), argmax.to(torch.int32)
 
 
 def score_candidates_padded_with_argmax_reference(queries, documents, query_lengths, doc_lengths):
-    """``queries [B, Lq, D]``, ``documents [B, K, Ld, D]``, lengths ``[B]``, ``[B, K]`` -> ``[B, K]``, ``[B, K, Lq]``."""
+    """Shapes: ``queries [B, Lq, D]``, ``documents [B, K, Ld, D]``, lengths ``[B]`` and ``[B, K]``
+    -> ``[B, K]``, ``[B, K, Lq]``."""
     q_valid = _prefix_valid(query_lengths, queries.size(1))
     d_valid = _prefix_valid(doc_lengths, documents.size(2))
     scores, argmax = maxsim_reference_padded(queries[:, None], q_valid[:, None], documents, d_valid)
@@ -105,11 +125,14 @@ def score_candidates_padded_with_argmax_reference(queries, documents, query_leng
 
 
 def score_candidates_padded_reference(queries, documents, query_lengths, doc_lengths):
-    return score_candidates_padded_with_argmax_reference(queries, documents, query_lengths, doc_lengths)[0]
+    return score_candidates_padded_with_argmax_reference(
+        queries, documents, query_lengths, doc_lengths
+    )[0]
 
 
 def score_contrastive_with_argmax_reference(queries, documents, document_offsets):
-    """``queries [Nq, Lq, D]``, ``documents [Td, D]``, ``document_offsets [Nb+1]`` -> ``[Nq, Nb]``, ``[Nq, Nb, Lq]``."""
+    """Shapes: ``queries [Nq, Lq, D]``, ``documents [Td, D]``, ``document_offsets [Nb+1]``
+    -> ``[Nq, Nb]``, ``[Nq, Nb, Lq]``."""
     scores, argmax = reference_fwd(queries, documents, d_offsets=document_offsets, layout=ALLPAIRS)
     return scores.float(), argmax
 
@@ -118,16 +141,45 @@ def score_contrastive_reference(queries, documents, document_offsets):
     return score_contrastive_with_argmax_reference(queries, documents, document_offsets)[0]
 
 
-def score_pairs_packed_with_argmax_reference(queries, query_offsets, documents, document_offsets,
-                                             pair_query_ids, pair_document_ids, max_q_len=None):
-    """Packed queries and documents, pair id lists ``[P]`` -> ``[P]``, ``[P, max_q_len]`` (default: longest query)."""
-    scores, argmax = reference_fwd(queries, documents, q_offsets=query_offsets, d_offsets=document_offsets,
-                                   pair_q=pair_query_ids, pair_d=pair_document_ids, layout=PAIRS,
-                                   max_lq=max_q_len)
+def score_pairs_packed_with_argmax_reference(
+    queries,
+    query_offsets,
+    documents,
+    document_offsets,
+    pair_query_ids,
+    pair_document_ids,
+    max_q_len=None,
+):
+    """Shapes: packed queries and documents, pair ids ``[P]`` -> ``[P]``, ``[P, max_q_len]``
+    (default width: the longest query)."""
+    scores, argmax = reference_fwd(
+        queries,
+        documents,
+        q_offsets=query_offsets,
+        d_offsets=document_offsets,
+        pair_q=pair_query_ids,
+        pair_d=pair_document_ids,
+        layout=PAIRS,
+        max_lq=max_q_len,
+    )
     return scores.float(), argmax
 
 
-def score_pairs_packed_reference(queries, query_offsets, documents, document_offsets,
-                                 pair_query_ids, pair_document_ids, max_q_len=None):
-    return score_pairs_packed_with_argmax_reference(queries, query_offsets, documents, document_offsets,
-                                                    pair_query_ids, pair_document_ids, max_q_len)[0]
+def score_pairs_packed_reference(
+    queries,
+    query_offsets,
+    documents,
+    document_offsets,
+    pair_query_ids,
+    pair_document_ids,
+    max_q_len=None,
+):
+    return score_pairs_packed_with_argmax_reference(
+        queries,
+        query_offsets,
+        documents,
+        document_offsets,
+        pair_query_ids,
+        pair_document_ids,
+        max_q_len,
+    )[0]

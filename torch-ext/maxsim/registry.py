@@ -14,7 +14,8 @@ NAMESPACE = "maxsim_torch"
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
     "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, Tensor? pair_q, Tensor? pair_d, "
-    "int layout, int group, int max_lq, bool with_argmax, bool tf32) -> (Tensor scores, Tensor argmax)"
+    "int layout, int group, int max_lq, bool with_argmax, bool tf32) "
+    "-> (Tensor scores, Tensor argmax)"
 )
 BWD_SCHEMA = (
     "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
@@ -22,8 +23,23 @@ BWD_SCHEMA = (
 )
 
 
-def _fwd_fake(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
-              layout, group, max_lq, with_argmax, tf32):
+def _fwd_fake(
+    q,
+    d,
+    q_offsets,
+    q_lengths,
+    q_mask,
+    d_offsets,
+    d_lengths,
+    d_mask,
+    pair_q,
+    pair_d,
+    layout,
+    group,
+    max_lq,
+    with_argmax,
+    tf32,
+):
     shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
     scores = q.new_empty(shape, dtype=torch.float32)
     argmax = q.new_empty((*shape, max_lq) if with_argmax else (0,), dtype=torch.int32)
@@ -31,11 +47,17 @@ def _fwd_fake(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, 
 
 
 def _bwd_fake(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group):
-    return torch.empty_like(q), torch.empty_like(d)
+    # Contiguous like the real kernels' outputs, whatever the strides of q and d.
+    return (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty_like(d, memory_format=torch.contiguous_format),
+    )
 
 
 def _setup_context(ctx, inputs, output):
-    q, d, q_offsets, _, _, d_offsets, _, _, pair_q, pair_d, layout, group, _, with_argmax, _ = inputs
+    q, d, q_offsets, _, _, d_offsets, _, _, pair_q, pair_d, layout, group, _, with_argmax, _ = (
+        inputs
+    )
     ctx.layout, ctx.group, ctx.with_argmax = layout, group, with_argmax
     # q and d are inputs (no copy); the argmax is the only tensor fwd adds for backward.
     ctx.save_for_backward(q, d, output[1], q_offsets, d_offsets, pair_q, pair_d)
@@ -51,8 +73,18 @@ def _backward_through(ops):
                 "call it with with_argmax=True when an input requires grad"
             )
         q, d, argmax, q_offsets, d_offsets, pair_q, pair_d = ctx.saved_tensors
-        dq, dd = ops.bwd(grad_scores.float().contiguous(), q, d, argmax, q_offsets, d_offsets,
-                         pair_q, pair_d, ctx.layout, ctx.group)
+        dq, dd = ops.bwd(
+            grad_scores.float().contiguous(),
+            q,
+            d,
+            argmax,
+            q_offsets,
+            d_offsets,
+            pair_q,
+            pair_d,
+            ctx.layout,
+            ctx.group,
+        )
         needs = ctx.needs_input_grad
         return (dq if needs[0] else None, dd if needs[1] else None) + (None,) * 13
 
@@ -60,16 +92,19 @@ def _backward_through(ops):
 
 
 def register_fake_and_autograd(namespace: str) -> None:
-    """Register the fake kernels of ``fwd`` / ``bwd`` and the autograd formula of ``fwd`` on ``namespace``."""
+    """Register the fake kernels of ``fwd`` / ``bwd`` and the autograd formula of ``fwd`` on
+    ``namespace``."""
     torch.library.register_fake(f"{namespace}::fwd", _fwd_fake)
     torch.library.register_fake(f"{namespace}::bwd", _bwd_fake)
     torch.library.register_autograd(
-        f"{namespace}::fwd", _backward_through(getattr(torch.ops, namespace)), setup_context=_setup_context
+        f"{namespace}::fwd",
+        _backward_through(getattr(torch.ops, namespace)),
+        setup_context=_setup_context,
     )
 
 
 def _define_torch_namespace():
-    """Define ``torch.ops.maxsim_torch`` once per process (a second copy of the package reuses it)."""
+    """Define ``torch.ops.maxsim_torch`` once per process (another package copy reuses it)."""
     if hasattr(torch.ops.maxsim_torch, "fwd"):
         return None
     library = torch.library.Library(NAMESPACE, "DEF")

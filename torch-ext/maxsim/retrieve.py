@@ -37,12 +37,10 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
     check.same_space("Q", Q, "corpus", corpus)
     nq, lq = Q.shape[:2]
     nd = corpus.size(0)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= nd:
-        raise ValueError(f"top_k: expected an int in [0, {nd}] (the corpus size), got {top_k!r}")
+    top_k = check.integer("top_k", top_k, 0, nd)
     if chunk_size is None:
         chunk_size = max(1, memory_budget_bytes() // (max(nq, 1) * _CANDIDATE_BYTES))
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    chunk_size = check.integer("chunk_size", chunk_size, 1)
     q = check.padded(Q, m=q_mask, mask_name="q_mask")
     d_mask = check.mask("d_mask", d_mask, corpus.shape[:2], corpus.device)
 

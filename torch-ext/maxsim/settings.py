@@ -18,12 +18,15 @@ def debug_enabled() -> bool:
 
 
 def memory_budget_bytes() -> int:
-    """Extra memory the PyTorch fallback and ``retrieve`` may use per call (``MAXSIM_TORCH_MEMORY_MB``)."""
+    """Extra memory the PyTorch fallback and ``retrieve`` may use per call, in bytes
+    (``MAXSIM_TORCH_MEMORY_MB``)."""
     raw = os.environ.get("MAXSIM_TORCH_MEMORY_MB", "")
     try:
         megabytes = float(raw) if raw else DEFAULT_MEMORY_MB
     except ValueError:
-        raise ValueError(f"MAXSIM_TORCH_MEMORY_MB: expected a number of megabytes, got {raw!r}") from None
+        raise ValueError(
+            f"MAXSIM_TORCH_MEMORY_MB: expected a number of megabytes, got {raw!r}"
+        ) from None
     if megabytes <= 0:
         raise ValueError(f"MAXSIM_TORCH_MEMORY_MB: expected a positive number, got {raw!r}")
     return int(megabytes * 2**20)

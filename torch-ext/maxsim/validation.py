@@ -41,8 +41,11 @@ def require_tensor(name: str, t, what: str) -> None:
         raise TypeError(f"{name}: expected a tensor {what}, got {type(t).__name__}")
 
 
-def embeddings(name: str, x, dims: str) -> torch.Tensor:
-    """Token vectors ``x`` of rank ``len(dims)`` (e.g. ``("N", "L", "H")``); copied only if ``stride(-1) != 1``."""
+def embeddings(name: str, x, dims: tuple) -> torch.Tensor:
+    """Token vectors ``x`` of rank ``len(dims)``, e.g. ``("N", "L", "H")``.
+
+    Returned as is unless ``x.stride(-1) != 1`` (then a contiguous copy).
+    """
     what = "[" + ", ".join(dims) + "]"
     require_tensor(name, x, what)
     if x.dim() != len(dims):
@@ -59,7 +62,9 @@ def same_space(q_name: str, q: torch.Tensor, d_name: str, d: torch.Tensor) -> No
     if d.dtype != q.dtype:
         raise TypeError(f"{d_name}: expected dtype {q.dtype} to match {q_name}, got {d.dtype}")
     if d.size(-1) != q.size(-1):
-        raise ValueError(f"{d_name}: expected last dim {q.size(-1)} to match {q_name}, got shape {_shape(d)}")
+        raise ValueError(
+            f"{d_name}: expected last dim {q.size(-1)} to match {q_name}, got shape {_shape(d)}"
+        )
     if d.device != q.device:
         raise ValueError(f"{d_name}: expected device {q.device} like {q_name}, got {d.device}")
 
@@ -81,7 +86,8 @@ def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
 
 
 def mask(name: str, m, shape: tuple, device: torch.device) -> Optional[torch.Tensor]:
-    """A validity mask (True / nonzero = valid) of ``shape`` on ``device``, returned as bool."""
+    """A validity mask (True / nonzero = valid) of ``shape`` on ``device``, returned as a
+    contiguous bool tensor."""
     if m is None:
         return None
     require_tensor(name, m, f"of shape {list(shape)}")
@@ -90,24 +96,33 @@ def mask(name: str, m, shape: tuple, device: torch.device) -> Optional[torch.Ten
     if tuple(m.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(m.shape)}")
     _on_device(name, m, device)
-    return m if m.dtype == torch.bool else m != 0
+    return (m if m.dtype == torch.bool else m != 0).contiguous()
 
 
-def padded(x: torch.Tensor, *, lengths=None, lengths_name="lengths", m=None, mask_name="mask") -> TokenSet:
-    """A padded token set ``x [N, L, H]`` with optional prefix ``lengths [N]`` and ``mask [N, L]``."""
+def padded(
+    x: torch.Tensor, *, lengths=None, lengths_name="lengths", m=None, mask_name="mask"
+) -> TokenSet:
+    """A padded token set ``x [N, L, H]``, optional prefix ``lengths [N]`` and ``mask [N, L]``."""
     n, width = x.shape[:2]
     if lengths is not None:
         lengths = index(lengths_name, lengths, (n,), x.device)
         if debug_enabled():
-            _check_range(lengths_name, lengths, 0, width, f"a length in [0, {width}] (the padded size)")
+            _check_range(
+                lengths_name, lengths, 0, width, f"a length in [0, {width}] (the padded size)"
+            )
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
 
 
-def packed(x: torch.Tensor, offsets, *, offsets_name="offsets", m=None, mask_name="mask") -> TokenSet:
+def packed(
+    x: torch.Tensor, offsets, *, offsets_name="offsets", m=None, mask_name="mask"
+) -> TokenSet:
     """A packed token set ``x [T, H]`` split by ``offsets [N+1]``, optional ``mask [T]``."""
     require_tensor(offsets_name, offsets, "of shape [N+1]")
     if offsets.dim() != 1 or offsets.size(0) < 1:
-        raise ValueError(f"{offsets_name}: expected 1-D [N+1] with at least one entry, got shape {_shape(offsets)}")
+        raise ValueError(
+            f"{offsets_name}: expected 1-D [N+1] with at least one entry, "
+            f"got shape {_shape(offsets)}"
+        )
     offsets = index(offsets_name, offsets, tuple(offsets.shape), x.device)
     if debug_enabled():
         _check_offsets(offsets_name, offsets, x.size(0))
@@ -127,14 +142,32 @@ def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device)
     return pair_q, pair_d
 
 
-def max_length(name: str, value, offsets_name: str, offsets: torch.Tensor) -> int:
-    """A caller's bound on the longest packed segment; checked against ``offsets`` in debug mode."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
-    if debug_enabled():
-        longest = longest_segment(offsets)
-        if longest > value:
-            raise ValueError(f"{name}: expected at least the longest segment of {offsets_name} ({longest}), got {value}")
+def integer(name: str, value, low: int = 0, high=None) -> int:
+    """A Python int in ``[low, high]`` (``high`` None: unbounded)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return value
+
+
+def query_width(name: str, value, offsets: torch.Tensor) -> int:
+    """``max_lq`` for packed queries split by ``offsets``: the caller's bound ``value`` (checked in
+    debug mode), else the longest query, read with one device->host sync.
+
+    Kernels size their work by it (and the argmax is that wide), so it must be tight.
+    """
+    if value is None:
+        return longest_segment(offsets)
+    value = integer(name, value)
+    if debug_enabled() and longest_segment(offsets) > value:
+        raise ValueError(
+            f"{name}: expected at least the longest query ({longest_segment(offsets)}), got {value}"
+        )
     return value
 
 
@@ -163,4 +196,6 @@ def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
             f"< {name}[{i}] = {int(offsets[i])}"
         )
     if last != total:
-        raise ValueError(f"{name}: expected {name}[-1] == {total} (the number of tokens), got {last}")
+        raise ValueError(
+            f"{name}: expected {name}[-1] == {total} (the number of tokens), got {last}"
+        )

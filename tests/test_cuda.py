@@ -1,0 +1,153 @@
+"""GPU-only checks of the CUDA extension: graph capture, every output element written, large and
+odd shapes, exact fp32. The backend-parametrised tests of the other files cover the semantics."""
+
+import maxsim
+import pytest
+import torch
+from conftest import HAS_CUDA_OPS, assert_close_rel, assert_exact, random_mask, values
+from maxsim.layouts import GROUPED, PAIRS
+from maxsim.reference import maxsim_reference_padded, reference_fwd
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not HAS_CUDA_OPS, reason="the CUDA extension is not available"),
+]
+DEVICE = "cuda"
+
+
+def test_forward_is_cuda_graph_capturable():
+    Q = values((4, 32, 64), torch.float16, DEVICE)
+    D = values((16, 100, 64), torch.float16, DEVICE)
+    d_mask = random_mask((16, 100), DEVICE)
+    q, q_off = values((50, 64), torch.bfloat16, DEVICE), torch.tensor([0, 20, 50], device=DEVICE)
+    d, d_off = (
+        values((70, 64), torch.bfloat16, DEVICE),
+        torch.tensor([0, 30, 31, 70], device=DEVICE),
+    )
+    pair_q, pair_d = torch.tensor([0, 1, 1], device=DEVICE), torch.tensor([2, 0, 1], device=DEVICE)
+
+    def step():
+        return (
+            maxsim.maxsim(Q, D, d_mask=d_mask, backend="cuda"),
+            maxsim.score_pairs_packed(
+                q, q_off, d, d_off, pair_q, pair_d, max_q_len=30, backend="cuda"
+            ),
+        )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    Q.copy_(values(Q.shape, torch.float16, DEVICE))  # new inputs in the same buffers
+    q.copy_(values(q.shape, torch.bfloat16, DEVICE))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(captured, step(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def poison_allocator():
+    """Fill freed blocks of both caching-allocator pools with NaN, so unwritten outputs show."""
+    blocks = [torch.full((2**17,), float("nan"), device=DEVICE) for _ in range(64)]  # small pool
+    blocks.append(torch.full((2**26,), float("nan"), device=DEVICE))  # large pool
+    del blocks
+
+
+@pytest.mark.parametrize("mode", ["allpairs", "candidates", "pairs-packed", "contrastive"])
+def test_every_output_element_is_written(mode):
+    Q = values((5, 33, 40), torch.float16, DEVICE, "grid")
+    D = values((10, 47, 40), torch.float16, DEVICE, "grid")
+    d_len = torch.randint(0, 48, (10,), device=DEVICE)
+    d_off = torch.cat([d_len.new_zeros(1), d_len.cumsum(0)])
+    packed_d = values((int(d_off[-1]), 40), torch.float16, DEVICE, "grid")
+    poison_allocator()
+    if mode == "allpairs":
+        got = maxsim.maxsim_with_argmax(Q, D, backend="cuda")
+        want = reference_fwd(Q, D)
+    elif mode == "candidates":
+        got = maxsim.maxsim_with_argmax(Q, D.view(5, 2, 47, 40), backend="cuda")
+        want = reference_fwd(Q, D, layout=GROUPED, group=2)
+    elif mode == "contrastive":
+        got = maxsim.score_contrastive_with_argmax(Q, packed_d, d_off, backend="cuda")
+        want = reference_fwd(Q, packed_d, d_offsets=d_off)
+    else:
+        q_off = torch.tensor([0, 7, 7, 40], device=DEVICE)
+        q = Q.reshape(-1, 40)[:40]
+        pq, pd = (
+            torch.randint(0, 3, (17,), device=DEVICE),
+            torch.randint(0, 10, (17,), device=DEVICE),
+        )
+        got = maxsim.score_pairs_packed_with_argmax(
+            q, q_off, packed_d, d_off, pq, pd, max_q_len=36, backend="cuda"
+        )
+        want = reference_fwd(
+            q,
+            packed_d,
+            q_offsets=q_off,
+            d_offsets=d_off,
+            pair_q=pq,
+            pair_d=pd,
+            layout=PAIRS,
+            max_lq=36,
+        )
+    assert_exact(*got, *want)
+
+
+def argmax_is_a_maximum(Q, D, argmax, tol):
+    """The similarity at the kernel's argmax is the float64 maximum, up to rounding."""
+    sim = torch.einsum("ith,jsh->ijts", Q.double(), D.double())
+    best = sim.max(-1).values
+    at = sim.gather(-1, argmax.long().clamp(min=0)[..., None])[..., 0]
+    scale = Q.double().norm(dim=-1)[:, None, :] * D.double().norm(dim=-1).max()
+    assert torch.all((argmax >= 0) & (best - at <= tol * scale))
+
+
+SWEEP = [  # (Lq, Ld, H): every Lq and H of the sweep, Ld up to 8192
+    (1, 8192, 8),
+    (31, 4096, 24),
+    (96, 1000, 64),
+    (128, 8192, 100),
+    (300, 777, 128),
+    (1024, 2048, 256),
+    (128, 513, 512),
+    (31, 8192, 512),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("lq, ld, h", SWEEP)
+def test_large_and_odd_shapes(lq, ld, h, dtype):
+    Q = values((2, lq, h), dtype, DEVICE)
+    D = values((3, ld, h), dtype, DEVICE)
+    d_mask = random_mask((3, ld), DEVICE, keep=0.9)
+    scores, argmax = maxsim.maxsim_with_argmax(Q, D, backend="cuda")
+    full = torch.ones(3, ld, dtype=torch.bool, device=DEVICE)
+    ref = maxsim_reference_padded(
+        Q[:, None], torch.ones(2, 1, lq, dtype=torch.bool, device=DEVICE), D[None], full[None]
+    )[0]
+    assert_close_rel(scores, ref)
+    argmax_is_a_maximum(Q, D, argmax, 1e-5)
+    masked = maxsim.maxsim(Q, D, d_mask=d_mask, backend="cuda")
+    ref = maxsim_reference_padded(
+        Q[:, None], torch.ones(2, 1, lq, dtype=torch.bool, device=DEVICE), D[None], d_mask[None]
+    )[0]
+    assert_close_rel(masked, ref)
+
+
+def test_fp32_is_exact_fp32_not_tf32():
+    """Long fp32 dot products: TF32 would lose ~1e-3 relative; exact fp32 stays within 1e-5."""
+    Q = values((3, 64, 512), torch.float32, DEVICE)
+    D = values((4, 8192, 512), torch.float32, DEVICE)
+    scores = maxsim.maxsim(Q, D, backend="cuda")
+    full = torch.ones(1, 1, 8192, dtype=torch.bool, device=DEVICE)
+    ref = maxsim_reference_padded(
+        Q[:, None],
+        torch.ones(3, 1, 64, dtype=torch.bool, device=DEVICE),
+        D[None],
+        full.expand(1, 4, -1),
+    )[0]
+    assert_close_rel(scores, ref, 1e-5)
