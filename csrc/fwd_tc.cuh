@@ -179,6 +179,18 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       }
     }
 
+    // Column validity first: its mask loads are then in flight during the MMAs.
+    const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
+    const bool full = (c_tile + 1) * BN <= c_seg.len && p.d.mask == nullptr;
+    bool ok[NT][2];
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col0 + ni * 8 + e;
+        ok[ni][e] = full || (col < c_seg.len &&
+                             (p.d.mask == nullptr || p.d.mask[c_seg.first_row + col]));
+      }
     // S = Q_tile * D_tile^T for this warp's rows and columns.
     float acc[MT][NT][4];
 #pragma unroll
@@ -208,17 +220,6 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
     // Running max over this tile's valid columns. With argmax, the tile's max is found first
     // (one max per element); only when it beats the running best is the row rescanned for the
     // lowest column holding it, so the common path costs the same as without argmax.
-    const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
-    const bool full = (c_tile + 1) * BN <= c_seg.len && p.d.mask == nullptr;
-    bool ok[NT][2];
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = col0 + ni * 8 + e;
-        ok[ni][e] = full || (col < c_seg.len &&
-                             (p.d.mask == nullptr || p.d.mask[c_seg.first_row + col]));
-      }
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
