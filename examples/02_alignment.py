@@ -85,11 +85,11 @@ def main():
     for i, (ax, words) in enumerate(zip(axes, DOCUMENTS)):
         im = ax.imshow(sim[i, :, :len(words)], cmap="viridis", vmin=-1, vmax=1)
         ax.scatter(argmax[0, i].tolist(), range(len(QUERY)), marker="s", s=260,
-                   facecolors="none", edgecolors="red", linewidths=2, label="argmax")
+                   facecolors="none", edgecolors="red", linewidths=2)
         ax.set_xticks(range(len(words)), words, rotation=45, ha="right")
         ax.set_yticks(range(len(QUERY)), QUERY)
         ax.set_title(f"document {i}: score {scores[0, i].item():.2f}")
-    axes[0].legend(loc="lower left", fontsize=8)
+    fig.suptitle("query tokens x document tokens; red square: the argmax of each row")
     fig.colorbar(im, ax=axes, shrink=0.8, label="<q, d>")
     path = out / "02_alignment.png"
     fig.savefig(path, dpi=120)

@@ -9,6 +9,11 @@ Reported: the peak memory the step adds on top of its inputs.
 CUDA: torch.cuda.max_memory_allocated. CPU: every measurement runs in a fresh subprocess, which
 reports how far its resident set grew during the step (ru_maxrss, or psutil where installed); this
 includes allocator slack and is coarser than the CUDA number.
+
+Where the PyTorch fallback runs (CPU, MPS, CUDA without the extension), maxsim scores pairs in
+chunks sized by MAXSIM_TORCH_MEMORY_MB (library default 256): its extra memory grows until it
+reaches that budget and then stays there. `--fallback-mb` sets the budget for this run (default
+16, so that the plateau shows at the small CPU sizes).
 """
 
 import argparse
@@ -44,8 +49,8 @@ IMPLS = {"naive": naive_maxsim, "maxsim": maxsim.maxsim}
 
 def make_inputs(batch, lq, ld, h, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
-    Q = F.normalize(torch.randn(batch, lq, h, generator=g), dim=-1).to(device, dtype).requires_grad_()
-    D = F.normalize(torch.randn(batch, ld, h, generator=g), dim=-1).to(device, dtype).requires_grad_()
+    Q, D = (F.normalize(torch.randn(batch, n, h, generator=g), dim=-1).to(device, dtype)
+            .requires_grad_() for n in (lq, ld))
     q_mask = (torch.arange(lq) < torch.randint(1, lq + 1, (batch, 1), generator=g)).to(device)
     d_mask = (torch.arange(ld) < torch.randint(1, ld + 1, (batch, 1), generator=g)).to(device)
     return Q, D, q_mask, d_mask
@@ -130,7 +135,10 @@ def main():
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="fp16/bf16 on CUDA only")
     p.add_argument("--quick", action="store_true", help="two small batches")
-    p.add_argument("--worker", nargs=5, metavar=("IMPL", "B", "LQ", "LD", "H"), help=argparse.SUPPRESS)
+    p.add_argument("--fallback-mb", type=float, default=16,
+                   help="MAXSIM_TORCH_MEMORY_MB for the PyTorch fallback (default 16)")
+    p.add_argument("--worker", nargs=5, metavar=("IMPL", "B", "LQ", "LD", "H"),
+                   help=argparse.SUPPRESS)
     args = p.parse_args()
     device = torch.device(args.device)
     if args.dtype != "fp32" and device.type != "cuda":
@@ -139,8 +147,14 @@ def main():
     if args.worker:
         impl, *sizes = args.worker
         batch, *shape = map(int, sizes)
-        print(json.dumps({"peak_bytes": measure_here(impl, batch, shape, DTYPES[args.dtype], device)}))
+        peak = measure_here(impl, batch, shape, DTYPES[args.dtype], device)
+        print(json.dumps({"peak_bytes": peak}))
         return
+
+    os.environ["MAXSIM_TORCH_MEMORY_MB"] = f"{args.fallback_mb:g}"  # read at call time; inherited
+    backend = "maxsim backend: " + (
+        "the CUDA kernels" if maxsim.select_ops(device) is maxsim.cuda_ops()[0]
+        else f"the PyTorch fallback, MAXSIM_TORCH_MEMORY_MB={args.fallback_mb:g}")
 
     if device.type == "cuda":
         shape, batches = (32, 300, 128), [16, 32, 64, 128, 256, 512, 1024]
@@ -152,6 +166,7 @@ def main():
     elt = torch.tensor([], dtype=DTYPES[args.dtype]).element_size()
     print(f"device {device}; Lq {lq}, Ld {ld}, H {h}, {args.dtype}; "
           "peak memory one training step adds on top of its inputs")
+    print(backend)
     print(f"{'batch':>6} {'[B,B,Lq,Ld] MiB':>16} {'naive MiB':>10} {'maxsim MiB':>11} {'ratio':>7}")
     rows = []
     naive_oom = False

@@ -24,7 +24,8 @@ CASES = {
 
 def run_example(name, device, out, extra=()):
     env = dict(os.environ, MPLBACKEND="Agg")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "torch-ext"), env.get("PYTHONPATH")]))
+    paths = [str(ROOT / "torch-ext"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     cmd = [sys.executable, str(EXAMPLES / name), "--quick", "--device", device, "--out", str(out),
            *CASES[name][0], *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
@@ -37,7 +38,8 @@ def run_example(name, device, out, extra=()):
 def check_output(name, stdout):
     """What each example must show, read from what it prints."""
     if name == "01_quickstart.py":
-        for line in ("vs maxsim: max |diff|", "scores vs float64 reference", "gradients vs float64 reference"):
+        for line in ("vs maxsim: max |diff|", "scores vs float64 reference",
+                     "gradients vs float64 reference"):
             err = float(re.search(re.escape(line) + r".*=\s*(\S+)", stdout).group(1))
             assert err < 1e-3, f"{line}: {err}\n{stdout}"
     if name == "02_alignment.py":
@@ -45,7 +47,8 @@ def check_output(name, stdout):
     if name == "03_contrastive_training.py":
         first, last = map(float, re.search(r"maxsim .*loss (\S+) -> (\S+)", stdout).groups())
         assert last < 0.5 * first, stdout
-        diff = float(re.search(r"max \|loss difference\| over all \d+ steps: (\S+)", stdout).group(1))
+        diff = re.search(r"max \|loss difference\| over all \d+ steps: (\S+)", stdout)
+        diff = float(diff.group(1))
         assert diff < 1e-3, stdout
     if name == "04_memory.py":
         assert "OOM" not in stdout and "wrote" in stdout, stdout
@@ -74,7 +77,7 @@ def test_contrastive_half_precision_cuda(dtype, tmp_path):
 
 def test_half_precision_needs_cuda(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "torch-ext"))
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "03_contrastive_training.py"), "--device", "cpu",
-                           "--dtype", "bf16", "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, str(EXAMPLES / "03_contrastive_training.py"), "--device", "cpu",
+           "--dtype", "bf16", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "needs --device cuda" in proc.stderr, proc.stderr

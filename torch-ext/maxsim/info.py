@@ -39,7 +39,7 @@ def _nvcc():
 def _cuda_kernel_path(dtype, capability):
     """The kernel the extension picks (mirrors make_plan in csrc/fwd.cu)."""
     if dtype == torch.float32:
-        return "exact fp32 SIMT kernel (TF32 only on request)"
+        return "exact fp32 SIMT kernel"
     if capability >= (8, 0):
         return (
             "tensor cores (mma.sync) when H % 8 == 0, H <= 256 and rows are 16-byte aligned; "
