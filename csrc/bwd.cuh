@@ -50,11 +50,25 @@ constexpr int kBwdThreads = 128;
 constexpr int kBwdWarps = kBwdThreads / 32;
 constexpr int kBatch = 8;  // independent row gathers in flight per warp
 
-// Loads 4 consecutive values (one lane's share of a 128-wide column chunk) as fp32.
+// Loads 4 consecutive values (one lane's share of a 128-wide column chunk) as fp32; one 8-byte
+// (16-bit types) or 16-byte (fp32) load when the whole group is in range and aligned.
 template <typename T>
 __device__ __forceinline__ void load4(const T* src, int c, int dim, float (&v)[4]) {
+  const T* at = src + c;
+  if (c + 4 <= dim && reinterpret_cast<uintptr_t>(at) % (4 * sizeof(T)) == 0) {
+    if constexpr (sizeof(T) == 2) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(at);
+      const T* h = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) v[e] = c + e < dim ? to_f32(src[c + e]) : 0.f;
+      for (int e = 0; e < 4; ++e) v[e] = to_f32(h[e]);
+    } else {
+      const float4 raw = *reinterpret_cast<const float4*>(at);
+      v[0] = raw.x; v[1] = raw.y; v[2] = raw.z; v[3] = raw.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = c + e < dim ? to_f32(at[e]) : 0.f;
 }
 
 // One warp per query token row; each lane owns 4 consecutive columns of every 128.
@@ -135,17 +149,36 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
     const Segment gd = segment_of(p.d, j);
     if (gd.len == 0) continue;
     const PairRange pr = pairs_of_doc(p, j);
-    for (int64_t k = pr.begin; k < pr.end; ++k) {
-      const int64_t o = doc_pair_out(p, j, k);
-      const float g = p.grad[o];
-      const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
-      const T* qbase = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, 0);
-      for (int t0 = 0; t0 < p.max_lq; t0 += 32) {
-        const int t = t0 + lane;
-        const int a = t < p.max_lq ? p.argmax[o * p.max_lq + t] : -1;
+    const int t_chunks = (p.max_lq + 31) / 32;
+    const int64_t steps = (pr.end - pr.begin) * t_chunks;  // (pair, 32-token chunk) steps
+    constexpr int kAhead = 8;  // argmax loads in flight per warp
+    for (int64_t s0 = 0; s0 < steps; s0 += kAhead) {
+      int a_pre[kAhead];
+      int64_t o_pre[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        a_pre[u] = -1;
+        o_pre[u] = 0;
+        const int64_t s = s0 + u;
+        if (s < steps) {
+          o_pre[u] = doc_pair_out(p, j, pr.begin + s / t_chunks);
+          const int t = static_cast<int>(s % t_chunks) * 32 + lane;
+          if (t < p.max_lq) a_pre[u] = p.argmax[o_pre[u] * p.max_lq + t];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        if (s0 + u >= steps) break;
+        const int64_t o = o_pre[u];
+        const int t0 = static_cast<int>((s0 + u) % t_chunks) * 32;
+        const int a = a_pre[u];
         const int64_t rr = gd.first_row + a - r0;
         const bool mine = a >= 0 && rr >= 0 && rr < r1 - r0 && rr % kBwdWarps == warp;
         unsigned hits = __ballot_sync(0xffffffffu, mine);
+        if (!hits) continue;
+        const float g = p.grad[o];
+        const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
+        const T* qbase = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, 0);
         while (hits) {  // in token order
           const T* src[kBatch];
           int dst[kBatch];

@@ -29,11 +29,13 @@ struct FwdTC {
 
   static int ld(int dim) { return (dim + 15) / 16 * 16 + 8; }  // +8 halves: conflict-free ldmatrix
   static size_t smem_bytes(int dim) {
-    return size_t(BM + STAGES * BN) * ld(dim) * sizeof(T) + size_t(WN) * BM * 8 + BM * 5;
+    return size_t(BM + STAGES * BN) * ld(dim) * sizeof(T) + size_t(WN) * BM * 8 + BM * 5 +
+           STAGES * BN;
   }
 };
 
-template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
+// kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
+template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax, int kDim>
 // The 8-warp tile asks for two resident blocks per SM: one block alone cannot hide the
 // pipeline's barrier and load latency.
 __global__ void __launch_bounds__(WM * WN * 32, WM * WN == 8 ? 2 : 1)
@@ -42,7 +44,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   using Cfg = FwdTC<T, BM, BN, WM, WN, STAGES, kArgmax>;
   constexpr int MT = Cfg::MT, NT = Cfg::NT;
   constexpr bool kBf16 = MmaType<T>::kBf16;
-  const int dim = p.dim;
+  const int dim = kDim > 0 ? kDim : p.dim;
   const int kdim = (dim + 15) / 16 * 16;
   const int lds = kdim + 8;
   const int chunks = kdim / 8;  // 16-byte chunks per row (the tail past `dim` is zero-filled)
@@ -54,6 +56,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   int* red_i = reinterpret_cast<int*>(red_v + WN * BM);
   float* row_val = reinterpret_cast<float*>(red_i + WN * BM);
   bool* row_ok = reinterpret_cast<bool*>(row_val + BM);
+  bool* mask_s = row_ok + BM;  // [STAGES][BN] document-token mask of each staged tile
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / WN, warp_n = warp % WN;
@@ -126,9 +129,22 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   const int chunks_p2 = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
   const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
   const bool copies = my_chunk < chunks;
+  // The mask bytes of a tile are loaded into a register when the tile is issued and stored to
+  // shared memory one iteration later, so their latency hides behind a whole tile of work.
+  bool mask_reg = true;
+  int mask_stage = -1;
+  auto stage_mask = [&]() {
+    if (mask_stage >= 0 && tid < BN) mask_s[mask_stage * BN + tid] = mask_reg;
+    mask_stage = -1;
+  };
   auto issue = [&](int stage) {
     if (p_item < item_end) {
       const int doc = item_doc(p_item);
+      if (p.d.mask != nullptr) {
+        const int s = p_tile * BN + tid;
+        mask_reg = tid < BN && s < p_seg.len ? p.d.mask[p_seg.first_row + s] : false;
+        mask_stage = stage;
+      }
       T* dst = d_s + stage * BN * lds + my_chunk * 8;
       const int row0 = p_tile * BN;
       const T* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * 8;
@@ -148,7 +164,10 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
     cp_async_commit();  // empty groups keep the wait counts uniform
   };
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int s = 0; s < STAGES - 1; ++s) {
+    stage_mask();
+    issue(s);
+  }
 
   // ---- consumer state
   float best_v[MT][2];
@@ -165,6 +184,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   Segment c_seg = segment_of(p.d, item_doc(c_item));
   int loaded_q = q0;
   while (c_item < item_end) {
+    stage_mask();
     cp_async_wait<STAGES - 2>();
     __syncthreads();
     issue((stage + STAGES - 1) % STAGES);
@@ -189,7 +209,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       for (int e = 0; e < 2; ++e) {
         const int col = col0 + ni * 8 + e;
         ok[ni][e] = full || (col < c_seg.len &&
-                             (p.d.mask == nullptr || p.d.mask[c_seg.first_row + col]));
+                             (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN]));
       }
     // S = Q_tile * D_tile^T for this warp's rows and columns.
     float acc[MT][NT][4];
@@ -203,7 +223,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
     const T* b_base = d_s + stage * BN * lds +
                       (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * lds +
                       ((lane / 8) % 2) * 8;
-#pragma unroll 2
+#pragma unroll
     for (int k0 = 0; k0 < kdim; k0 += 16) {
       uint32_t a[MT][4], b[NT / 2][4];
 #pragma unroll

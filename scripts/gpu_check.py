@@ -232,6 +232,11 @@ def bench(ops):
                 i = it[0] % nbuf; it[0] += 1
                 return ops.fwd(Qs[i], Ds[i], None, None, None, None, lens[i], None, None, None, GROUPED, K, Lq, False, False)
             ms = timeit(run)
+            masks = [torch.arange(Ld, device="cuda")[None, :] < l[:, None] for l in lens]
+            def run_masked():
+                i = it[0] % nbuf; it[0] += 1
+                return ops.fwd(Qs[i], Ds[i], None, None, None, None, None, masks[i], None, None, GROUPED, K, Lq, False, False)
+            print(f"{name} {str(dtype)[6:]}: lengths {ms:.4f} ms, masks {timeit(run_masked):.4f} ms", flush=True)
             byts = B * Lq * 128 * 2 + sum(1 for _ in [0]) * B * K * Ld * 128 * 2 + B * K * 4
             flops = 2 * B * K * Lq * Ld * 128
             floor = max(byts / bw / 1e6, flops / tf / 1e9)
@@ -289,7 +294,8 @@ def profile_run(ops):
     ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, 32, False, False)
     Q = norm(torch.randn(8, 32, 128, device="cuda"))
     Dm = norm(torch.randn(800, 1024, 128, device="cuda"))
-    ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, GROUPED, 100, 32, False, False)
+    mask = torch.rand(800, 1024, device="cuda") > 0.1
+    ops.fwd(Q, Dm, None, None, None, None, None, mask, None, None, GROUPED, 100, 32, False, False)
     Q = norm(torch.randn(128, 128, 128, device="cuda"))
     Dm = norm(torch.randn(128, 1024, 128, device="cuda"))
     s, a = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, 128, True, False)

@@ -7,8 +7,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 scripts/gpu_check.py --bench 2>&1 | tee "$OUT/check.log"
 if [ "${1:-}" = profile ]; then
-  ncu --target-processes all -k regex:"fwd_tc|bwd_" --launch-count 4 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+  ncu --target-processes all -k regex:"fwd_tc|bwd_" --launch-count 5 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SourceCounters \
     python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
-  grep -E "fwd_tc|bwd_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit" "$OUT/ncu.txt" | head -120
+  grep -E "fwd_tc|bwd_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|stalled" "$OUT/ncu.txt" | head -80
 fi
