@@ -59,7 +59,8 @@ def _import_maxsim():
 
 
 class Maxsim(Impl):
-    """This package through its native surface, boolean masks for padding (as PyLate calls it)."""
+    """This package through its native surface. The workloads pad on the right, so the padding is
+    given as prefix lengths (``d_lengths``, as flash-maxsim gets it): the kernels then skip it."""
 
     name = "maxsim"
 
@@ -97,7 +98,7 @@ class Maxsim(Impl):
     def bind(self, case, s):
         M, meta, kind, b = self.mod, case.meta, case.kind.name, self.backend
         if kind in ("rerank", "allpairs"):  # D is 4-D [B, K, Ld, H] or 3-D [Nd, Ld, H]
-            return lambda: M.maxsim(s["Q"], s["D"], d_mask=meta["d_mask"], backend=b)
+            return lambda: M.maxsim(s["Q"], s["D"], d_lengths=meta["d_len"], backend=b)
         if kind == "varlen":
             K, mq = case.params["K"], meta["max_q"]
             return lambda: M.maxsim_varlen(s["q"], meta["cu_q"], s["d"], meta["cu_d"],
@@ -105,5 +106,5 @@ class Maxsim(Impl):
         if kind == "train":
             Q, D = s["Q"], s["D"]
             return lambda: train_step(
-                lambda: M.maxsim(Q, D, d_mask=meta["d_mask"], backend=b), Q, D, meta["targets"])
+                lambda: M.maxsim(Q, D, d_lengths=meta["d_len"], backend=b), Q, D, meta["targets"])
         raise Unsupported(f"no maxsim entry point for kind {kind!r}")

@@ -166,9 +166,8 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
           if (t < p.max_lq) a_pre[u] = p.argmax[o_pre[u] * p.max_lq + t];
         }
       }
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        if (s0 + u >= steps) break;
+#pragma unroll 1
+      for (int u = 0; u < kAhead && s0 + u < steps; ++u) {
         const int64_t o = o_pre[u];
         const int t0 = static_cast<int>((s0 + u) % t_chunks) * 32;
         const int a = a_pre[u];

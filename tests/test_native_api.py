@@ -45,6 +45,28 @@ def test_maxsim_all_pairs_and_candidates(backend_device, dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefix_lengths_equal_prefix_masks(backend_device, dtype):
+    """q_lengths / d_lengths mean the same as the prefix masks they describe (padding poisoned)."""
+    backend, device = backend_device
+    Q = values((4, 6, 24), dtype, device, "grid")
+    D = values((5, 9, 24), dtype, device, "grid")
+    D4 = values((4, 3, 9, 24), dtype, device, "grid")
+    q_len, d_len = random_lengths(4, 6, device), random_lengths(5, 9, device)
+    d4_len = random_lengths(12, 9, device).view(4, 3)
+    prefix = lambda n, lengths: torch.arange(n, device=device) < lengths[..., None]  # noqa: E731
+    for t, lengths in ((Q, q_len), (D, d_len), (D4, d4_len)):
+        t.masked_fill_(~prefix(t.shape[-2], lengths)[..., None], float("nan"))
+    got = maxsim.maxsim_with_argmax(Q, D, q_lengths=q_len, d_lengths=d_len, backend=backend)
+    want = maxsim.maxsim_with_argmax(Q, D, prefix(6, q_len), prefix(9, d_len), backend=backend)
+    assert_exact(got[0], got[1], want[0], want[1])
+    got = maxsim.maxsim_with_argmax(Q, D4, q_lengths=q_len, d_lengths=d4_len, backend=backend)
+    want = maxsim.maxsim_with_argmax(Q, D4, prefix(6, q_len), prefix(9, d4_len), backend=backend)
+    assert_exact(got[0], got[1], want[0], want[1])
+    with pytest.raises(ValueError, match="d_lengths"):
+        maxsim.maxsim(Q, D4, d_lengths=d_len, backend=backend)
+
+
 def test_maxsim_pairs_is_the_diagonal(backend_device):
     backend, device = backend_device
     Q = values((5, 7, 16), torch.bfloat16, device, "grid")

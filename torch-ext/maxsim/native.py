@@ -17,7 +17,9 @@ def _normalized(x: torch.Tensor, normalize: bool) -> torch.Tensor:
     return F.normalize(x, dim=-1) if normalize else x
 
 
-def _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax):
+def _padded_call(
+    Q, D, q_mask, d_mask, normalize, backend, want_argmax, q_lengths=None, d_lengths=None
+):
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
@@ -27,9 +29,15 @@ def _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax):
     D = check.embeddings("D", D, ("Nd", "Ld", "H") if D.dim() == 3 else ("Nq", "K", "Ld", "H"))
     check.same_space("Q", Q, "D", D)
     nq, lq = Q.shape[:2]
-    q = check.padded(_normalized(Q, normalize), m=q_mask, mask_name="q_mask")
+    q = check.padded(
+        _normalized(Q, normalize), lengths=q_lengths, lengths_name="q_lengths", m=q_mask,
+        mask_name="q_mask",
+    )
     if D.dim() == 3:
-        d = check.padded(_normalized(D, normalize), m=d_mask, mask_name="d_mask")
+        d = check.padded(
+            _normalized(D, normalize), lengths=d_lengths, lengths_name="d_lengths", m=d_mask,
+            mask_name="d_mask",
+        )
         layout, group = ALLPAIRS, 0
     else:
         if D.size(0) != nq:
@@ -38,33 +46,46 @@ def _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax):
                 f"got shape {tuple(D.shape)}"
             )
         d_mask = check.mask("d_mask", d_mask, D.shape[:3], D.device)
-        d = check.TokenSet(
+        if d_lengths is not None:
+            d_lengths = check.index("d_lengths", d_lengths, tuple(D.shape[:2]), D.device).flatten()
+        d = check.padded(
             _normalized(D, normalize).flatten(0, 1),
-            mask=None if d_mask is None else d_mask.flatten(0, 1),
+            lengths=d_lengths,
+            lengths_name="d_lengths",
+            m=None if d_mask is None else d_mask.flatten(0, 1),
+            mask_name="d_mask",
         )
         layout, group = GROUPED, D.size(1)
     return forward(q, d, layout, group=group, max_lq=lq, want_argmax=want_argmax, backend=backend)
 
 
-def maxsim(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="auto"):
+def maxsim(
+    Q, D, q_mask=None, d_mask=None, *, q_lengths=None, d_lengths=None, normalize=False,
+    backend="auto",
+):
     """MaxSim of every query with every document (3-D ``D``) or with its own candidates (4-D ``D``).
 
     Shapes:
         Q ``[Nq, Lq, H]``; D ``[Nd, Ld, H]`` -> ``[Nq, Nd]``; D ``[Nq, K, Ld, H]`` -> ``[Nq, K]``;
         scores are fp32.
         q_mask ``[Nq, Lq]``; d_mask ``[Nd, Ld]`` or ``[Nq, K, Ld]`` (True / nonzero = valid token).
+        q_lengths ``[Nq]``; d_lengths ``[Nd]`` or ``[Nq, K]``: prefix lengths, combinable with
+        masks. Prefer them for right-padded batches: the kernels then never read the padding.
     ``normalize=True`` L2-normalises every token first (differentiably).
     """
-    return _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax=False)[0]
+    return _padded_call(Q, D, q_mask, d_mask, normalize, backend, False, q_lengths, d_lengths)[0]
 
 
-def maxsim_with_argmax(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="auto"):
+def maxsim_with_argmax(
+    Q, D, q_mask=None, d_mask=None, *, q_lengths=None, d_lengths=None, normalize=False,
+    backend="auto",
+):
     """Like :func:`maxsim`, plus the winning document token of every query token.
 
     Shapes: scores as :func:`maxsim`; argmax int32 ``scores.shape + [Lq]``, index within the
     document, -1 for a masked query token or a document without valid tokens.
     """
-    return _padded_call(Q, D, q_mask, d_mask, normalize, backend, want_argmax=True)
+    return _padded_call(Q, D, q_mask, d_mask, normalize, backend, True, q_lengths, d_lengths)
 
 
 def maxsim_pairs(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="auto"):
