@@ -71,68 +71,105 @@ __device__ __forceinline__ void load4(const T* src, int c, int dim, float (&v)[4
   for (int e = 0; e < 4; ++e) v[e] = c + e < dim ? to_f32(at[e]) : 0.f;
 }
 
-// One warp per query token row; each lane owns 4 consecutive columns of every 128.
+// One warp per query token row, kBwdWarps consecutive rows of one query per block; each lane owns
+// 4 consecutive columns of every 128. The block first stages the argmax entries and score
+// indices of a few hundred pairs in shared memory (one pass, many loads in flight), so that each
+// warp's loop only waits on its batches of row gathers.
+constexpr int kDqStagedPairs = 512;
+
 template <typename T>
 __global__ void __launch_bounds__(kBwdThreads) bwd_dq_kernel(const BwdParams p, int row_blocks) {
+  __shared__ int staged_a[kDqStagedPairs][kBwdWarps];
+  __shared__ int64_t staged_o[kDqStagedPairs];
   const int i = blockIdx.x / row_blocks;
-  const int t = (blockIdx.x % row_blocks) * kBwdWarps + threadIdx.x / 32;
+  const int t_base = (blockIdx.x % row_blocks) * kBwdWarps;
+  const int t = t_base + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const Segment gq = segment_of(p.q, i);
-  if (t >= gq.rows || t >= p.max_lq) return;
+  const int t_end = min(gq.rows, p.max_lq);
+  if (t_base >= t_end) return;  // the whole block is past the query
+  const bool active = t < t_end;
   const T* dg = static_cast<const T*>(p.d.data);
-  T* out = static_cast<T*>(p.dq) + row_elem(p.q, i, gq.first_row, t);
   const PairRange r = pairs_of_query(p, i);
-  for (int c0 = 0; c0 < p.dim; c0 += 128) {
-    const int c = c0 + lane * 4;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int64_t k0 = r.begin; k0 < r.end; k0 += kBatch) {
-      const T* rows[kBatch];
-      float g[kBatch];
+  T* out = static_cast<T*>(p.dq) + row_elem(p.q, i, gq.first_row, t);
+  for (int cbase = 0; cbase < p.dim; cbase += 512) {  // 512 columns per pass (4 chunks of 128)
+    float acc[4][4] = {};
+    const int chunks = min(4, (p.dim - cbase + 127) / 128);
+    for (int64_t k0 = r.begin; k0 < r.end; k0 += kDqStagedPairs) {
+      const int n = static_cast<int>(r.end - k0 < kDqStagedPairs ? r.end - k0 : kDqStagedPairs);
+      __syncthreads();
+      for (int x = threadIdx.x; x < n * kBwdWarps; x += kBwdThreads) {
+        const int kk = x / kBwdWarps, w = x % kBwdWarps;
+        const int64_t o = query_pair_out(p, i, k0 + kk);
+        const int tt = t_base + w;
+        staged_a[kk][w] = tt < t_end ? p.argmax[o * p.max_lq + tt] : -1;
+        if (w == 0) staged_o[kk] = o;
+      }
+      __syncthreads();
+      if (!active) continue;
+      for (int kk0 = 0; kk0 < n; kk0 += kBatch) {
+        const T* rows[kBatch];
+        float g[kBatch];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        rows[b] = nullptr;
-        g[b] = 0.f;
-        if (k0 + b < r.end) {
-          const int64_t o = query_pair_out(p, i, k0 + b);
-          const int a = p.argmax[o * p.max_lq + t];
+        for (int b = 0; b < kBatch; ++b) {
+          rows[b] = nullptr;
+          g[b] = 0.f;
+          const int kk = kk0 + b;
+          const int a = kk < n ? staged_a[kk][t - t_base] : -1;
           if (a >= 0) {
+            const int64_t o = staged_o[kk];
             const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o));
             rows[b] = dg + row_elem(p.d, j, segment_of(p.d, j).first_row, a);
             g[b] = p.grad[o];
           }
         }
+#pragma unroll
+        for (int ch = 0; ch < 4; ++ch) {
+          if (ch >= chunks) break;
+          const int c = cbase + ch * 128 + lane * 4;
+          float v[kBatch][4];
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            if (rows[b] != nullptr) load4(rows[b], c, p.dim, v[b]);
+            else v[b][0] = v[b][1] = v[b][2] = v[b][3] = 0.f;
+          }
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)  // fixed order: deterministic
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[ch][e] = fmaf(g[b], v[b][e], acc[ch][e]);
+        }
       }
-      float v[kBatch][4];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        if (rows[b] != nullptr) load4(rows[b], c, p.dim, v[b]);
-        else v[b][0] = v[b][1] = v[b][2] = v[b][3] = 0.f;
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)  // fixed order: deterministic
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] = fmaf(g[b], v[b][e], acc[e]);
     }
+    if (active) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (c + e < p.dim) out[c + e] = from_f32<T>(acc[e]);
+      for (int ch = 0; ch < 4; ++ch) {
+        const int c = cbase + ch * 128 + lane * 4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (ch < chunks && c + e < p.dim) out[c + e] = from_f32<T>(acc[ch][e]);
+      }
+    }
   }
 }
 
 // One block per run of `rows` consecutive document rows (possibly spanning several documents).
-// Warp w owns the rows with (row - r0) % warps == w and walks every (pair, query token) of the
-// documents it touches in a fixed order, lanes over query tokens; each hit on one of its rows
-// adds g * q_row into an fp32 shared-memory accumulator, lanes over columns. One writer per row
-// and a fixed order: deterministic without atomics.
+// The block stages the argmax entries of the documents it touches in shared memory, a few
+// thousand at a time (one coalesced pass, many loads in flight). Warp w owns the rows with
+// (row - r0) % warps == w and walks the staged entries in order, lanes over entries; each hit on
+// one of its rows adds g * q_row into an fp32 shared-memory accumulator, lanes over columns.
+// One writer per row and a fixed order: deterministic without atomics.
+constexpr int kStagedEntries = 4096;
+
 template <typename T>
 __global__ void __launch_bounds__(kBwdThreads)
 bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
   extern __shared__ float acc[];  // [rows, dim]
+  __shared__ int staged[kStagedEntries];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t r0 = int64_t(blockIdx.x) * rows;
   const int64_t r1 = min(total_rows, r0 + rows);
+  const int block_rows = static_cast<int>(r1 - r0);
   for (int x = tid; x < rows * p.dim; x += kBwdThreads) acc[x] = 0.f;
-  __syncthreads();
 
   auto doc_of_row = [&](int64_t r) -> int {
     if (p.d.offsets == nullptr) return static_cast<int>(r / p.d.pad_len);
@@ -144,52 +181,62 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
     return lo;
   };
   const T* qg = static_cast<const T*>(p.q.data);
+  const bool vec_rows = p.dim % 4 == 0;  // accumulator rows then start 16-byte aligned
   const int j_last = doc_of_row(r1 - 1);
   for (int j = doc_of_row(r0); j <= j_last; ++j) {
     const Segment gd = segment_of(p.d, j);
     if (gd.len == 0) continue;
     const PairRange pr = pairs_of_doc(p, j);
-    const int t_chunks = (p.max_lq + 31) / 32;
-    const int64_t steps = (pr.end - pr.begin) * t_chunks;  // (pair, 32-token chunk) steps
-    constexpr int kAhead = 8;  // argmax loads in flight per warp
-    for (int64_t s0 = 0; s0 < steps; s0 += kAhead) {
-      int a_pre[kAhead];
-      int64_t o_pre[kAhead];
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        a_pre[u] = -1;
-        o_pre[u] = 0;
-        const int64_t s = s0 + u;
-        if (s < steps) {
-          o_pre[u] = doc_pair_out(p, j, pr.begin + s / t_chunks);
-          const int t = static_cast<int>(s % t_chunks) * 32 + lane;
-          if (t < p.max_lq) a_pre[u] = p.argmax[o_pre[u] * p.max_lq + t];
-        }
+    // Entries of one document are (pair, token) with pairs * max_lq < 2^31: 32-bit index math.
+    const int entries = static_cast<int>((pr.end - pr.begin) * p.max_lq);
+    // Document row -> accumulator row. The document overlaps the block's rows, so the shift lies
+    // in (-len, rows) and fits 32 bits.
+    const int shift = static_cast<int>(gd.first_row - r0);
+    for (int base = 0; base < entries; base += kStagedEntries) {
+      const int n = min(kStagedEntries, entries - base);
+      __syncthreads();  // the previous round's entries are consumed
+#pragma unroll 8
+      for (int x = tid; x < n; x += kBwdThreads) {
+        const int e = base + x;
+        const int kk = e / p.max_lq;
+        const int64_t o = doc_pair_out(p, j, pr.begin + kk);
+        staged[x] = p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
       }
-#pragma unroll 1
-      for (int u = 0; u < kAhead && s0 + u < steps; ++u) {
-        const int64_t o = o_pre[u];
-        const int t0 = static_cast<int>((s0 + u) % t_chunks) * 32;
-        const int a = a_pre[u];
-        const int64_t rr = gd.first_row + a - r0;
-        const bool mine = a >= 0 && rr >= 0 && rr < r1 - r0 && rr % kBwdWarps == warp;
+      __syncthreads();
+      for (int x0 = 0; x0 < n; x0 += 32) {
+        const int x = x0 + lane;
+        const int a = x < n ? staged[x] : -1;
+        const int rr = a + shift;
+        const bool mine = a >= 0 && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
         unsigned hits = __ballot_sync(0xffffffffu, mine);
         if (!hits) continue;
-        const float g = p.grad[o];
-        const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
-        const T* qbase = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, 0);
-        while (hits) {  // in token order
+        // Each hit lane finds its own query row and gradient; the warp then walks the hits.
+        const T* my_src = nullptr;
+        float my_g = 0.f;
+        if (mine) {
+          const int e = base + x;
+          const int kk = e / p.max_lq;
+          const int64_t o = doc_pair_out(p, j, pr.begin + kk);
+          const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
+          my_src = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
+          my_g = p.grad[o];
+        }
+        while (hits) {  // in entry order
           const T* src[kBatch];
+          float g[kBatch];
           int dst[kBatch];
 #pragma unroll
           for (int b = 0; b < kBatch; ++b) {
             src[b] = nullptr;
+            g[b] = 0.f;
             dst[b] = 0;
             if (hits) {
               const int from = __ffs(hits) - 1;
               hits &= hits - 1;
-              dst[b] = __shfl_sync(0xffffffffu, static_cast<int>(rr), from);
-              src[b] = qbase + int64_t(t0 + from) * p.q.row_stride;
+              dst[b] = __shfl_sync(0xffffffffu, rr, from);
+              g[b] = __shfl_sync(0xffffffffu, my_g, from);
+              src[b] = reinterpret_cast<const T*>(
+                  __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_src), from));
             }
           }
           for (int c0 = 0; c0 < p.dim; c0 += 128) {
@@ -201,10 +248,19 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
 #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
               if (src[b] == nullptr) continue;
-              float* ar = acc + dst[b] * p.dim;
+              float* ar = acc + dst[b] * p.dim + c;
+              if (vec_rows && c + 4 <= p.dim) {  // one 16-byte access per lane: no bank conflicts
+                float4 a4 = *reinterpret_cast<float4*>(ar);
+                a4.x = fmaf(g[b], v[b][0], a4.x);
+                a4.y = fmaf(g[b], v[b][1], a4.y);
+                a4.z = fmaf(g[b], v[b][2], a4.z);
+                a4.w = fmaf(g[b], v[b][3], a4.w);
+                *reinterpret_cast<float4*>(ar) = a4;
+              } else {
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                if (c + e < p.dim) ar[c + e] = fmaf(g, v[b][e], ar[c + e]);
+                for (int e = 0; e < 4; ++e)
+                  if (c + e < p.dim) ar[e] = fmaf(g[b], v[b][e], ar[e]);
+              }
             }
           }
         }

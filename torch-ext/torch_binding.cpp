@@ -183,6 +183,8 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
   TORCH_CHECK(argmax.dim() == static_cast<int64_t>(shape.size()) + 1, "maxsim: argmax has the wrong rank");
   p.max_lq = static_cast<int>(argmax.size(-1));
+  // The dD kernel indexes a document's (pair, token) entries with 32-bit integers.
+  TORCH_CHECK(argmax.numel() < (int64_t(1) << 31), "maxsim: backward supports < 2^31 argmax entries per call");
   if (q.dim() == 3) TORCH_CHECK(p.max_lq == q.size(1), "maxsim: argmax width must equal the padded query length");
   const Tensor g = grad.to(at::kFloat).contiguous();
   TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
