@@ -1,0 +1,107 @@
+"""Where a call's time goes: host work per call vs GPU kernel time per call, for each workload and
+implementation. A row whose back-to-back time is near its host time is host-bound, and no kernel
+work will move it.
+
+    python benchmarks/call_profile.py [--only rerank,varlen] [--impl maxsim] [--out FILE]
+
+Columns: ``loop`` back-to-back time per call (CUDA events, as bench.py times it); ``host`` Python +
+dispatcher + launch time per call (wall clock of calls queued without a sync); ``gpu`` summed
+kernel time per call and ``launches`` kernels per call (torch.profiler).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import percentile, time_calls  # noqa: E402
+from impls import Maxsim, Naive  # noqa: E402
+from peers import PEERS  # noqa: E402
+from workloads import BY_NAME, REGISTRY, Unsupported, setup  # noqa: E402
+
+
+def host_us(fns, reps=60):
+    """Host time per call: calls queued back to back (never enough to fill the launch queue)."""
+    for f in fns[:3]:
+        f()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for r in range(reps):
+            fns[r % len(fns)]()
+        out.append((time.perf_counter() - t0) / reps * 1e6)
+        torch.cuda.synchronize()
+    return min(out)
+
+
+def gpu_us(fns, reps=20):
+    """(kernel microseconds per call, kernels per call) from the profiler's device events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for f in fns[:3]:
+        f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for r in range(reps):
+            fns[r % len(fns)]()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+                for e in kernels)
+    names = {}
+    for e in kernels:
+        names[e.name[:60]] = names.get(e.name[:60], 0) + 1
+    return total / reps, len(kernels) / reps, names
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", help="comma-separated workload names (default: all but sweeps)")
+    ap.add_argument("--impl", help="comma-separated implementation names")
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--out", help="JSON file for the rows")
+    args = ap.parse_args(argv)
+    names = args.only.split(",") if args.only else [w.name for w in REGISTRY if not w.sweep]
+    impls = [Maxsim(), Naive()] + [P() for P in PEERS]
+    if args.impl:
+        impls = [i for i in impls if i.name in args.impl.split(",")]
+    impls = [i for i in impls if i.unavailable() is None]
+    dev = torch.device("cuda")
+    rows = []
+    print(f"{'workload':16} {'impl':26} {'loop us':>8} {'host us':>8} {'gpu us':>8} {'launches':>8}")
+    for name in names:
+        wl = BY_NAME[name]
+        dtype = args.dtype if args.dtype in wl.dtypes else wl.dtypes[0]
+        case = setup(wl, dtype, dev, l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
+        for impl in impls:
+            try:
+                fns = [impl.bind(case, s) for s in case.sets]
+                loop = percentile(time_calls(fns, dev, target_s=0.2), 50) * 1e3
+                host = host_us(fns)
+                gpu, launches, kern = gpu_us(fns)
+            except Unsupported:
+                continue
+            except Exception as e:  # noqa: BLE001 - a failing peer must not stop the profile
+                print(f"{name:16} {impl.name:26} error: {type(e).__name__}: {str(e)[:80]}")
+                continue
+            rows.append(dict(workload=name, dtype=dtype, impl=impl.name, loop_us=loop,
+                             host_us=host, gpu_us=gpu, launches=launches, kernels=kern))
+            print(f"{name:16} {impl.name:26} {loop:8.1f} {host:8.1f} {gpu:8.1f} {launches:8.1f}",
+                  flush=True)
+            if impl.name == "maxsim":
+                print("    " + ", ".join(f"{k} x{v / 20:g}" for k, v in kern.items()))
+        del case
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), rows=rows),
+                                             indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
