@@ -32,12 +32,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from impls import REPO, Maxsim, Naive  # noqa: E402
+from impls import REPO, Maxsim, MaxsimAutograd, Naive  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, describe, setup  # noqa: E402
 
 SCHEMA = 1
-IMPL_ORDER = ["maxsim", "naive", "flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]
+IMPL_ORDER = ["maxsim", "maxsim-autograd", "naive", "flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]
 DTYPE_ORDER = ["fp16", "bf16", "fp32"]
 
 
@@ -59,9 +59,9 @@ def gpu_slug(name: str) -> str:
 
 
 def git_state() -> tuple[str, bool]:
-    """(commit, dirty) from git when the tree has a .git, else from MAXSIM_COMMIT/MAXSIM_DIRTY.
-    Result files are not counted as changes."""
-    if (REPO / ".git").exists():
+    """(commit, dirty) from MAXSIM_COMMIT / MAXSIM_DIRTY when set (a copy of the tree whose .git
+    is not its own), else from git. Result files are not counted as changes."""
+    if "MAXSIM_COMMIT" not in os.environ and (REPO / ".git").exists():
         try:
             run = lambda *a: subprocess.run(a, cwd=REPO, capture_output=True, text=True,  # noqa: E731
                                             check=True).stdout
@@ -401,7 +401,7 @@ def main(argv=None):
         device = torch.device("cuda")
         props = torch.cuda.get_device_properties(device)
         gpu, l2 = props.name, getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
-        impls = [Maxsim(), Naive()] + [P() for P in PEERS]
+        impls = [Maxsim(), MaxsimAutograd(), Naive()] + [P() for P in PEERS]
     if impl_filter:
         impls = [i for i in impls if i.name in impl_filter]
     usable = []

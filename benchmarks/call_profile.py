@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import percentile, time_calls  # noqa: E402
-from impls import Maxsim, Naive  # noqa: E402
+from impls import Maxsim, MaxsimAutograd, Naive  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, setup  # noqa: E402
 
@@ -54,9 +54,11 @@ def gpu_us(fns, reps=20):
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
                 for e in kernels)
-    names = {}
+    names = {}  # kernel name -> (calls, microseconds) per call of fn
     for e in kernels:
-        names[e.name[:60]] = names.get(e.name[:60], 0) + 1
+        t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        n, us = names.get(e.name[:70], (0, 0.0))
+        names[e.name[:70]] = (n + 1 / reps, us + t / reps)
     return total / reps, len(kernels) / reps, names
 
 
@@ -68,7 +70,7 @@ def main(argv=None):
     ap.add_argument("--out", help="JSON file for the rows")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else [w.name for w in REGISTRY if not w.sweep]
-    impls = [Maxsim(), Naive()] + [P() for P in PEERS]
+    impls = [Maxsim(), MaxsimAutograd(), Naive()] + [P() for P in PEERS]
     if args.impl:
         impls = [i for i in impls if i.name in args.impl.split(",")]
     impls = [i for i in impls if i.unavailable() is None]
@@ -94,8 +96,9 @@ def main(argv=None):
                              host_us=host, gpu_us=gpu, launches=launches, kernels=kern))
             print(f"{name:16} {impl.name:26} {loop:8.1f} {host:8.1f} {gpu:8.1f} {launches:8.1f}",
                   flush=True)
-            if impl.name == "maxsim":
-                print("    " + ", ".join(f"{k} x{v / 20:g}" for k, v in kern.items()))
+            if impl.name.startswith("maxsim"):
+                for k, (n, us) in sorted(kern.items(), key=lambda kv: -kv[1][1]):
+                    print(f"      {us:8.1f} us  x{n:g}  {k}")
         del case
         torch.cuda.empty_cache()
     if args.out:

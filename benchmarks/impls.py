@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from workloads import Case, Unsupported, train_step
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +106,27 @@ class Maxsim(Impl):
             return lambda: M.maxsim_varlen(s["q"], meta["cu_q"], s["d"], meta["cu_d"],
                                            max_seqlen_q=mq, num_candidates=K, backend=b)
         if kind == "train":
-            Q, D = s["Q"], s["D"]
-            return lambda: train_step(
-                lambda: M.maxsim(Q, D, d_lengths=meta["d_len"], backend=b), Q, D, meta["targets"])
+            Q, D, t = s["Q"], s["D"], meta["targets"]
+
+            def step():
+                loss = M.contrastive_loss(Q, D, d_lengths=meta["d_len"], targets=t, backend=b)
+                return torch.autograd.grad(loss, (Q, D))
+
+            return step
         raise Unsupported(f"no maxsim entry point for kind {kind!r}")
+
+
+class MaxsimAutograd(Maxsim):
+    """The training step built from parts: ``maxsim`` scores, then torch's cross-entropy, so
+    autograd runs torch's loss backward before the MaxSim backward (the path of any custom loss)."""
+
+    name = "maxsim-autograd"
+    kinds = ("train",)
+
+    def bind(self, case, s):
+        if case.kind.name != "train":
+            raise Unsupported("training rows only")
+        M, meta, Q, D = self.mod, case.meta, s["Q"], s["D"]
+        return lambda: train_step(
+            lambda: M.maxsim(Q, D, d_lengths=meta["d_len"], backend=self.backend), Q, D,
+            meta["targets"])

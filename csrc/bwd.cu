@@ -27,8 +27,7 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     if (p.d.rows > 0) {
       const int rows = dd_rows(p.dim, p.d.rows, dev.num_sms);
       const size_t smem = size_t(rows) * p.dim * sizeof(float);
-      cudaFuncSetAttribute(bwd_dd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
+      allow_smem<bwd_dd_kernel<T>>(smem);
       const int64_t blocks = (p.d.rows + rows - 1) / rows;
       bwd_dd_kernel<T><<<static_cast<unsigned>(blocks), kBwdThreads, smem, stream>>>(
           p, p.d.rows, rows);

@@ -104,11 +104,16 @@ void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
   using S = TileShape<kTile>;
   using Cfg = FwdTC<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
   // ColBERT / ColPali embeddings are 128-wide: that dim gets a fully unrolled k loop.
-  auto kernel = p.dim == 128 ? fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, 128>
-                             : fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, 0>;
+  constexpr auto k128 = fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, 128>;
+  constexpr auto kAny = fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, 0>;
   const size_t smem = Cfg::smem_bytes(p.dim);
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  kernel<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+  if (p.dim == 128) {
+    allow_smem<k128>(smem);
+    k128<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+  } else {
+    allow_smem<kAny>(smem);
+    kAny<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+  }
 }
 
 template <typename T, bool kArgmax>

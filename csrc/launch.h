@@ -11,5 +11,20 @@ size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& d
 // fp32 inputs always take the exact fp32 path.
 void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
+void launch_ce(const CeParams& p, cudaStream_t stream);
+
+// Raises a kernel's dynamic shared-memory limit to `bytes` on the current device. The attribute
+// is a driver call on every launch otherwise; each kernel (template argument) remembers, per
+// device, the largest limit already set.
+template <auto kKernel>
+void allow_smem(size_t bytes) {
+  constexpr int kMaxDevices = 64;
+  static size_t raised[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < kMaxDevices && raised[device] >= bytes) return;
+  cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (device < kMaxDevices) raised[device] = bytes;
+}
 
 }  // namespace maxsim

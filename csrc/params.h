@@ -56,6 +56,17 @@ struct BwdParams {
   void* dd = nullptr;               // shaped like d
 };
 
+// Cross-entropy over the rows of fp32 scores [rows, cols] (row i's target: targets[i], or i).
+struct CeParams {
+  const float* scores = nullptr;
+  const int64_t* targets = nullptr;  // [rows] or null (the diagonal)
+  int rows = 0, cols = 0;
+  float scale = 1.f;                 // logits = scores * scale (1 / temperature)
+  float* row_loss = nullptr;         // [rows] scratch
+  float* loss = nullptr;             // 0-d: mean over rows
+  float* grad = nullptr;             // [rows, cols]: d loss / d scores
+};
+
 }  // namespace maxsim
 
 namespace maxsim {

@@ -22,7 +22,7 @@ def build():
     name = "_maxsim_cuda_check"
     cpp_extension.load(
         name=name,
-        sources=[os.path.join(ROOT, "csrc", f) for f in ("fwd.cu", "bwd.cu")]
+        sources=[os.path.join(ROOT, "csrc", f) for f in ("fwd.cu", "bwd.cu", "loss.cu")]
         + [os.path.join(ROOT, "torch-ext", "torch_binding.cpp")],
         extra_include_paths=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "torch-ext")],
         extra_cflags=["-O3"],

@@ -1,8 +1,10 @@
 // Registers the two ops every entry point of the package is built on (schemas first, then the
 // CUDA implementations). Shapes and semantics: docs/ARCHITECTURE.md.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -209,6 +211,145 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   return {dq, dd};
 }
 
+std::tuple<Tensor, Tensor> ce(const Tensor& scores_in, const OptTensor& targets, double scale) {
+  TORCH_CHECK(scores_in.is_cuda() && scores_in.dim() == 2, "maxsim: ce expects CUDA scores [rows, cols]");
+  const c10::cuda::CUDAGuard guard(scores_in.device());
+  const Tensor scores = scores_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(scores.size(0) < (int64_t(1) << 31) && scores.size(1) < (int64_t(1) << 31),
+              "maxsim: ce supports < 2^31 rows and columns");
+  maxsim::CeParams p;
+  p.scores = scores.data_ptr<float>();
+  p.rows = static_cast<int>(scores.size(0));
+  p.cols = static_cast<int>(scores.size(1));
+  p.scale = static_cast<float>(scale);
+  Tensor t;
+  if (targets.has_value()) {
+    t = targets->to(at::kLong).contiguous();
+    TORCH_CHECK(t.device() == scores.device() && t.numel() == p.rows,
+                "maxsim: ce targets must be [rows] on the scores' device");
+    p.targets = t.data_ptr<int64_t>();
+  }
+  const auto f32 = scores.options();
+  Tensor loss = at::empty({}, f32), grad = at::empty_like(scores);
+  Tensor row_loss = at::empty({p.rows}, f32);
+  p.row_loss = row_loss.data_ptr<float>();
+  p.loss = loss.data_ptr<float>();
+  p.grad = grad.data_ptr<float>();
+  if (p.rows == 0) loss.fill_(NAN);  // the mean of no rows, as torch's cross_entropy
+  maxsim::launch_ce(p, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {loss, grad};
+}
+
+// ---- autograd, in C++: a call that needs no gradient pays only the dispatcher's check, and one
+// that does records a node whose backward runs `bwd` on the saved argmax. Both ops are reached
+// through the dispatcher, so fake tensors (torch.compile) take the same path.
+using FwdSig = decltype(fwd);
+using BwdSig = decltype(bwd);
+const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::fwd", "")
+                             .typed<FwdSig>();
+  return op;
+}
+const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::bwd", "")
+                             .typed<BwdSig>();
+  return op;
+}
+
+using CeSig = decltype(ce);
+const c10::TypedOperatorHandle<CeSig>& ce_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::ce", "")
+                             .typed<CeSig>();
+  return op;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct FwdGrad : torch::autograd::Function<FwdGrad> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d,
+                               const OptTensor& q_offsets, const OptTensor& q_lengths,
+                               const OptTensor& q_mask, const OptTensor& d_offsets,
+                               const OptTensor& d_lengths, const OptTensor& d_mask,
+                               const OptTensor& pair_q, const OptTensor& pair_d, int64_t layout,
+                               int64_t group, int64_t max_lq, bool with_argmax, bool tf32) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [scores, argmax] = fwd_op().call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths,
+                                          d_mask, pair_q, pair_d, layout, group, max_lq,
+                                          with_argmax, tf32);
+    ctx->mark_non_differentiable({argmax});
+    ctx->save_for_backward({q, d, argmax, q_offsets.value_or(Tensor()), d_offsets.value_or(Tensor()),
+                            pair_q.value_or(Tensor()), pair_d.value_or(Tensor())});
+    ctx->saved_data["layout"] = layout;
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["with_argmax"] = with_argmax;
+    return {scores, argmax};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(ctx->saved_data["with_argmax"].toBool(),
+                "fwd: backward needs the argmax, but fwd ran with with_argmax=False; call it with "
+                "with_argmax=True when an input requires grad");
+    variable_list out(15);
+    if (!grads[0].defined()) return out;  // nothing flowed into the scores
+    const auto saved = ctx->get_saved_variables();
+    auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
+    auto [dq, dd] = bwd_op().call(grads[0].to(at::kFloat).contiguous(), saved[0], saved[1], saved[2],
+                                  opt(saved[3]), opt(saved[4]), opt(saved[5]), opt(saved[6]),
+                                  ctx->saved_data["layout"].toInt(),
+                                  ctx->saved_data["group"].toInt());
+    if (ctx->needs_input_grad(0)) out[0] = dq;
+    if (ctx->needs_input_grad(1)) out[1] = dd;
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& d, const OptTensor& q_offsets,
+                                        const OptTensor& q_lengths, const OptTensor& q_mask,
+                                        const OptTensor& d_offsets, const OptTensor& d_lengths,
+                                        const OptTensor& d_mask, const OptTensor& pair_q,
+                                        const OptTensor& pair_d, int64_t layout, int64_t group,
+                                        int64_t max_lq, bool with_argmax, bool tf32) {
+  if (!(at::GradMode::is_enabled() && (q.requires_grad() || d.requires_grad()))) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return fwd_op().call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q,
+                         pair_d, layout, group, max_lq, with_argmax, tf32);
+  }
+  auto out = FwdGrad::apply(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
+                            pair_q, pair_d, layout, group, max_lq, with_argmax, tf32);
+  return {out[0], out[1]};
+}
+
+// The loss's gradient with respect to the scores is computed with the loss; backward scales it.
+struct CeGrad : torch::autograd::Function<CeGrad> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& scores, const OptTensor& targets,
+                               double scale) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [loss, grad] = ce_op().call(scores, targets, scale);
+    ctx->mark_non_differentiable({grad});
+    ctx->save_for_backward({grad});
+    return {loss, grad};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(3);
+    if (grads[0].defined()) out[0] = ctx->get_saved_variables()[0] * grads[0];
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor> ce_autograd(const Tensor& scores, const OptTensor& targets, double scale) {
+  if (!(at::GradMode::is_enabled() && scores.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return ce_op().call(scores, targets, scale);
+  }
+  auto out = CeGrad::apply(scores, targets, scale);
+  return {out[0], out[1]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
@@ -219,11 +360,18 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
   m.def(
       "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
       "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor, Tensor)");
+  m.def("ce(Tensor scores, Tensor? targets, float scale) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, m) {
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
+  m.impl("ce", &ce);
+}
+
+TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, Autograd, m) {
+  m.impl("fwd", &fwd_autograd);
+  m.impl("ce", &ce_autograd);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

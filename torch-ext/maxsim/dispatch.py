@@ -2,13 +2,14 @@
 ``fwd``.
 
 The extension is looked up once, at import, and only where CUDA is available; its ops then get
-the same fake kernels and autograd formula as the pure-PyTorch ones.
+the same fake kernels as the pure-PyTorch ones. Their autograd formula is registered in C++ by the
+extension itself (a call that needs no gradient then never enters Python below this module).
 """
 
 import torch
 
 from ._ops import load_cuda_ops
-from .registry import register_fake_and_autograd, torch_ops
+from .registry import register_autograd, register_fakes, torch_ops
 from .validation import TokenSet
 
 BACKENDS = ("auto", "cuda", "torch")
@@ -20,9 +21,11 @@ def _load_cuda():
     ops, reason = load_cuda_ops()
     if ops is not None:
         namespace = ops.fwd.default.namespace
-        # A second copy of this package in the process finds the formula already there.
+        # A second copy of this package in the process finds the fake kernels already there.
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Meta"):
+            register_fakes(namespace)
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Autograd"):
-            register_fake_and_autograd(namespace)
+            register_autograd(namespace)  # an extension built before the C++ formula existed
     return ops, reason
 
 

@@ -298,3 +298,18 @@ def bwd(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group)
             _add_rows(dq, q_row, _weighted_rows(d_rows, d_row, weight))
             _add_rows(dd, d_row, _weighted_rows(q_rows, q_row, weight))
     return dq[:-1].view(q.shape).to(q.dtype), dd[:-1].view(d.shape).to(d.dtype)
+
+
+def ce(scores, targets, scale):
+    """The ``ce`` op: mean softmax cross-entropy of the rows of ``scores * scale`` against
+    ``targets`` (the diagonal when None), and its gradient with respect to ``scores``."""
+    logits = scores.float() * scale
+    rows = logits.size(0)
+    if rows == 0:
+        return logits.new_full((), float("nan")), torch.empty_like(logits)
+    t = torch.arange(rows, device=logits.device) if targets is None else targets.long()
+    logp = torch.log_softmax(logits, dim=1)
+    loss = -logp.gather(1, t[:, None]).mean()
+    grad = logp.exp()
+    grad[torch.arange(rows, device=logits.device), t] -= 1.0
+    return loss, grad * (scale / rows)

@@ -22,6 +22,8 @@ BWD_SCHEMA = (
     "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor dq, Tensor dd)"
 )
 
+CE_SCHEMA = "ce(Tensor scores, Tensor? targets, float scale) -> (Tensor loss, Tensor grad)"
+
 
 def _fwd_fake(
     q,
@@ -51,6 +53,13 @@ def _bwd_fake(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, 
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
         torch.empty_like(d, memory_format=torch.contiguous_format),
+    )
+
+
+def _ce_fake(scores, targets, scale):
+    return (
+        scores.new_empty((), dtype=torch.float32),
+        torch.empty_like(scores, dtype=torch.float32, memory_format=torch.contiguous_format),
     )
 
 
@@ -91,16 +100,35 @@ def _backward_through(ops):
     return backward
 
 
-def register_fake_and_autograd(namespace: str) -> None:
-    """Register the fake kernels of ``fwd`` / ``bwd`` and the autograd formula of ``fwd`` on
-    ``namespace``."""
+def _ce_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+def _ce_backward(ctx, grad_loss, grad_grad):
+    (grad,) = ctx.saved_tensors
+    return grad * grad_loss, None, None
+
+
+def register_fakes(namespace: str) -> None:
+    """Register the fake kernels of ``fwd`` / ``bwd`` / ``ce`` on ``namespace``."""
     torch.library.register_fake(f"{namespace}::fwd", _fwd_fake)
     torch.library.register_fake(f"{namespace}::bwd", _bwd_fake)
+    if hasattr(getattr(torch.ops, namespace), "ce"):  # builds of older sources lack it
+        torch.library.register_fake(f"{namespace}::ce", _ce_fake)
+
+
+def register_autograd(namespace: str) -> None:
+    """Register the autograd formula of ``fwd`` on ``namespace`` (the CUDA extension carries
+    the same formula in C++)."""
     torch.library.register_autograd(
         f"{namespace}::fwd",
         _backward_through(getattr(torch.ops, namespace)),
         setup_context=_setup_context,
     )
+    if hasattr(getattr(torch.ops, namespace), "ce"):
+        torch.library.register_autograd(
+            f"{namespace}::ce", _ce_backward, setup_context=_ce_setup_context
+        )
 
 
 def _define_torch_namespace():
@@ -111,8 +139,11 @@ def _define_torch_namespace():
     library.define(FWD_SCHEMA)
     library.define(BWD_SCHEMA)
     library.impl("fwd", fallback.fwd, "CompositeExplicitAutograd")
+    library.define(CE_SCHEMA)
     library.impl("bwd", fallback.bwd, "CompositeExplicitAutograd")
-    register_fake_and_autograd(NAMESPACE)
+    library.impl("ce", fallback.ce, "CompositeExplicitAutograd")
+    register_fakes(NAMESPACE)
+    register_autograd(NAMESPACE)
     return library
 
 

@@ -12,9 +12,9 @@ def debug_enabled() -> bool:
 
     Never while ``torch.compile`` traces: those checks would break the graph.
     """
-    if torch.compiler.is_compiling():
+    if os.environ.get("MAXSIM_DEBUG", "0") in ("", "0"):
         return False
-    return os.environ.get("MAXSIM_DEBUG", "0") not in ("", "0")
+    return not torch.compiler.is_compiling()
 
 
 def memory_budget_bytes() -> int:

@@ -75,13 +75,16 @@ def _on_device(name: str, t: torch.Tensor, device: torch.device) -> None:
 
 
 def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
-    """Lengths, offsets or ids: int32/int64 of ``shape`` on ``device``, returned as int32."""
+    """Lengths, offsets or ids: int32/int64 of ``shape`` on ``device``, returned as int32
+    (no copy when it already is a contiguous int32 tensor)."""
     require_tensor(name, t, f"of shape {list(shape)}")
     if t.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     _on_device(name, t, device)
+    if t.dtype == torch.int32 and t.is_contiguous():
+        return t
     return t.to(torch.int32).contiguous()
 
 
@@ -107,7 +110,7 @@ def padded(
     if lengths is not None:
         lengths = index(lengths_name, lengths, (n,), x.device)
         if debug_enabled():
-            _check_range(
+            check_range(
                 lengths_name, lengths, 0, width, f"a length in [0, {width}] (the padded size)"
             )
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
@@ -137,8 +140,8 @@ def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device)
     pair_q = index(q_name, pair_q, tuple(pair_q.shape), device)
     pair_d = index(d_name, pair_d, tuple(pair_q.shape), device)
     if debug_enabled():
-        _check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
-        _check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
+        check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
+        check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
     return pair_q, pair_d
 
 
@@ -176,7 +179,7 @@ def longest_segment(offsets: torch.Tensor) -> int:
     return int((offsets[1:] - offsets[:-1]).max()) if offsets.size(0) > 1 else 0
 
 
-def _check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> None:
+def check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> None:
     """1-D ``t`` holds only values in ``[low, high]``."""
     bad = (t < low) | (t > high)
     if bool(bad.any()):

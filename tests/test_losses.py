@@ -1,0 +1,127 @@
+"""The fused contrastive loss: equal to torch's cross-entropy over float64 MaxSim scores, with
+the same gradients, on every backend; deterministic; clear errors."""
+
+import maxsim
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import HAS_CUDA_OPS, random_lengths, values
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def reference_loss(Q, D, d_lengths, targets, temperature):
+    """float64 autograd: einsum, masked max, sum, cross-entropy."""
+    sim = torch.einsum("qih,djh->qdij", Q.double(), D.double())
+    if d_lengths is not None:
+        valid = torch.arange(D.size(1), device=D.device) < d_lengths[:, None]
+        sim = sim.masked_fill(~valid[None, :, None, :], float("-inf"))
+    best = sim.max(-1).values
+    scores = torch.where(torch.isinf(best), 0.0, best).sum(-1)
+    t = torch.arange(Q.size(0), device=Q.device) if targets is None else targets
+    return F.cross_entropy(scores / temperature, t)
+
+
+def leaves(*xs):
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.05])
+@pytest.mark.parametrize("with_targets", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_loss_and_gradients_match_float64(backend_device, dtype, with_targets, temperature):
+    backend, device = backend_device
+    nq, nd, h = 6, 9, 24
+    Q = values((nq, 11, h), dtype, device)
+    D = values((nd, 13, h), dtype, device)
+    d_len = random_lengths(nd, 13, device)
+    targets = torch.randperm(nd, device=device)[:nq] if with_targets else None
+    q, d = leaves(Q, D)
+    loss = maxsim.contrastive_loss(
+        q, d, d_lengths=d_len, targets=targets, temperature=temperature, backend=backend
+    )
+    loss.backward()
+    q64, d64 = leaves(Q.double(), D.double())
+    ref = reference_loss(q64, d64, d_len, targets, temperature)
+    ref.backward()
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+    assert abs(loss.item() - ref.item()) <= 1e-5 * max(1.0, abs(ref.item()))
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+    for got, want in ((q.grad, q64.grad), (d.grad, d64.grad)):
+        assert got.dtype == dtype
+        err = (got.double() - want).norm() / want.norm().clamp_min(1e-30)
+        assert err <= tol, float(err)
+
+
+def test_grouped_candidates_with_targets(backend_device):
+    backend, device = backend_device
+    Q = values((4, 5, 16), torch.float32, device)
+    D = values((4, 3, 7, 16), torch.float32, device)
+    targets = torch.tensor([0, 2, 1, 0], device=device)
+    loss = maxsim.contrastive_loss(Q, D, targets=targets, backend=backend)
+    scores = maxsim.maxsim(Q, D, backend=backend)
+    assert torch.allclose(loss, F.cross_entropy(scores, targets), rtol=1e-6, atol=1e-6)
+
+
+def test_nan_scores_give_a_nan_loss(backend_device):
+    backend, device = backend_device
+    Q = values((3, 4, 8), torch.float32, device)
+    D = values((3, 5, 8), torch.float32, device)
+    D[1, 2, 3] = float("nan")
+    assert torch.isnan(maxsim.contrastive_loss(Q, D, backend=backend))
+
+
+def test_errors_name_the_argument():
+    Q, D = torch.randn(3, 4, 8), torch.randn(5, 6, 8)
+    with pytest.raises(ValueError, match="temperature"):
+        maxsim.contrastive_loss(Q, D, temperature=0.0)
+    with pytest.raises(ValueError, match="targets"):
+        maxsim.contrastive_loss(Q, torch.randn(3, 2, 6, 8))
+    with pytest.raises(ValueError, match="targets"):
+        maxsim.contrastive_loss(Q, torch.randn(2, 6, 8))
+    with pytest.raises(ValueError, match="targets"):
+        maxsim.contrastive_loss(Q, D, targets=torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="targets"):
+        maxsim.contrastive_loss(Q, D, targets=torch.tensor([0.0, 1.0, 2.0]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA_OPS, reason="needs the CUDA extension")
+def test_cuda_gradients_are_bit_identical_run_after_run():
+    Q = values((32, 32, 128), torch.bfloat16, "cuda")
+    D = values((32, 80, 128), torch.bfloat16, "cuda")
+    runs = []
+    for _ in range(5):
+        q, d = leaves(Q, D)
+        loss = maxsim.contrastive_loss(q, d, backend="cuda")
+        loss.backward()
+        runs.append((loss.detach(), q.grad, d.grad))
+    for loss, dq, dd in runs[1:]:
+        assert torch.equal(loss, runs[0][0])
+        assert torch.equal(dq, runs[0][1]) and torch.equal(dd, runs[0][2])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA_OPS, reason="needs the CUDA extension")
+def test_cuda_step_captures_in_a_cuda_graph():
+    Q = values((16, 8, 64), torch.float16, "cuda")
+    D = values((16, 20, 64), torch.float16, "cuda")
+    q, d = leaves(Q, D)
+
+    def step():
+        loss = maxsim.contrastive_loss(q, d, backend="cuda")
+        return (loss,) + torch.autograd.grad(loss, (q, d))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            eager = step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.equal(a, b)
