@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from workloads import Case, Unsupported, train_step
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +60,8 @@ def _import_maxsim():
 
 class Maxsim(Impl):
     """This package through its native surface. The workloads pad on the right, so the padding is
-    given as prefix lengths (``d_lengths``, as flash-maxsim gets it): the kernels then skip it."""
+    given as prefix lengths (``d_lengths``, as flash-maxsim gets it): the kernels then skip it.
+    Train rows run ``contrastive_step`` (loss and both gradients from one op, no autograd)."""
 
     name = "maxsim"
 
@@ -108,11 +107,9 @@ class Maxsim(Impl):
         if kind == "train":
             Q, D, t = s["Q"], s["D"], meta["targets"]
 
-            def step():
-                loss = M.contrastive_loss(Q, D, d_lengths=meta["d_len"], targets=t, backend=b)
-                return torch.autograd.grad(loss, (Q, D))
-
-            return step
+            # The fused step: loss and both gradients from one op, no autograd graph.
+            return lambda: M.contrastive_step(Q, D, d_lengths=meta["d_len"], targets=t,
+                                              backend=b)[1:]
         raise Unsupported(f"no maxsim entry point for kind {kind!r}")
 
 

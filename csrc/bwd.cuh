@@ -155,16 +155,19 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_dq_kernel(const BwdParams p, 
 // One block per run of `rows` consecutive document rows (possibly spanning several documents).
 // The block stages the argmax entries of the documents it touches in shared memory, a few
 // thousand at a time (one coalesced pass, many loads in flight). Warp w owns the rows with
-// (row - r0) % warps == w and walks the staged entries in order, lanes over entries; each hit on
-// one of its rows adds g * q_row into an fp32 shared-memory accumulator, lanes over columns.
-// One writer per row and a fixed order: deterministic without atomics.
+// (row - r0) % warps == w and walks the staged entries in order, lanes over entries, queueing its
+// hits; every 32 hits it gathers their query rows kDdBatch at a time and adds g * q_row into an
+// fp32 shared-memory accumulator, lanes over columns. Queueing keeps many gathers in flight even
+// when hits are sparse. One writer per row and a fixed order: deterministic without atomics.
 constexpr int kStagedEntries = 4096;
+constexpr int kDdBatch = 16;
 
 template <typename T>
 __global__ void __launch_bounds__(kBwdThreads)
 bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
   extern __shared__ float acc[];  // [rows, dim]
   __shared__ int staged[kStagedEntries];
+  __shared__ int queue[kBwdWarps][64];  // staged-entry indices of a warp's pending hits
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t r0 = int64_t(blockIdx.x) * rows;
   const int64_t r1 = min(total_rows, r0 + rows);
@@ -183,6 +186,7 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
   const T* qg = static_cast<const T*>(p.q.data);
   const bool vec_rows = p.dim % 4 == 0;  // accumulator rows then start 16-byte aligned
   const int j_last = doc_of_row(r1 - 1);
+  int* my_queue = queue[warp];
   for (int j = doc_of_row(r0); j <= j_last; ++j) {
     const Segment gd = segment_of(p.d, j);
     if (gd.len == 0) continue;
@@ -192,6 +196,62 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
     // Document row -> accumulator row. The document overlaps the block's rows, so the shift lies
     // in (-len, rows) and fits 32 bits.
     const int shift = static_cast<int>(gd.first_row - r0);
+
+    // Adds the first `count` (<= 32) queued hits, in queue order.
+    auto drain = [&](int base, int count) {
+      const T* my_src = nullptr;
+      float my_g = 0.f;
+      int my_dst = 0;
+      if (lane < count) {
+        const int x = my_queue[lane];
+        const int e = base + x;
+        const int kk = e / p.max_lq;
+        const int64_t o = doc_pair_out(p, j, pr.begin + kk);
+        const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
+        my_src = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
+        my_g = p.grad[o];
+        my_dst = staged[x] + shift;
+      }
+      for (int h0 = 0; h0 < count; h0 += kDdBatch) {
+        const T* src[kDdBatch];
+        float g[kDdBatch];
+        int dst[kDdBatch];
+#pragma unroll
+        for (int b = 0; b < kDdBatch; ++b) {
+          const int from = (h0 + b) & 31;
+          dst[b] = __shfl_sync(0xffffffffu, my_dst, from);
+          g[b] = __shfl_sync(0xffffffffu, my_g, from);
+          src[b] = reinterpret_cast<const T*>(
+              __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_src), from));
+          if (h0 + b >= count) src[b] = nullptr;
+        }
+        for (int c0 = 0; c0 < p.dim; c0 += 128) {
+          const int c = c0 + lane * 4;
+          float v[kDdBatch][4];
+#pragma unroll
+          for (int b = 0; b < kDdBatch; ++b)
+            if (src[b] != nullptr) load4(src[b], c, p.dim, v[b]);
+#pragma unroll
+          for (int b = 0; b < kDdBatch; ++b) {  // fixed order: deterministic
+            if (src[b] == nullptr) continue;
+            float* ar = acc + dst[b] * p.dim + c;
+            if (vec_rows && c + 4 <= p.dim) {  // one 16-byte access per lane: no bank conflicts
+              float4 a4 = *reinterpret_cast<float4*>(ar);
+              a4.x = fmaf(g[b], v[b][0], a4.x);
+              a4.y = fmaf(g[b], v[b][1], a4.y);
+              a4.z = fmaf(g[b], v[b][2], a4.z);
+              a4.w = fmaf(g[b], v[b][3], a4.w);
+              *reinterpret_cast<float4*>(ar) = a4;
+            } else {
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                if (c + e < p.dim) ar[e] = fmaf(g[b], v[b][e], ar[e]);
+            }
+          }
+        }
+      }
+    };
+
     for (int base = 0; base < entries; base += kStagedEntries) {
       const int n = min(kStagedEntries, entries - base);
       __syncthreads();  // the previous round's entries are consumed
@@ -203,68 +263,28 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
         staged[x] = p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
       }
       __syncthreads();
+      int queued = 0;  // warp-uniform
       for (int x0 = 0; x0 < n; x0 += 32) {
         const int x = x0 + lane;
         const int a = x < n ? staged[x] : -1;
         const int rr = a + shift;
         const bool mine = a >= 0 && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
-        unsigned hits = __ballot_sync(0xffffffffu, mine);
-        if (!hits) continue;
-        // Each hit lane finds its own query row and gradient; the warp then walks the hits.
-        const T* my_src = nullptr;
-        float my_g = 0.f;
-        if (mine) {
-          const int e = base + x;
-          const int kk = e / p.max_lq;
-          const int64_t o = doc_pair_out(p, j, pr.begin + kk);
-          const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
-          my_src = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
-          my_g = p.grad[o];
-        }
-        while (hits) {  // in entry order
-          const T* src[kBatch];
-          float g[kBatch];
-          int dst[kBatch];
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b) {
-            src[b] = nullptr;
-            g[b] = 0.f;
-            dst[b] = 0;
-            if (hits) {
-              const int from = __ffs(hits) - 1;
-              hits &= hits - 1;
-              dst[b] = __shfl_sync(0xffffffffu, rr, from);
-              g[b] = __shfl_sync(0xffffffffu, my_g, from);
-              src[b] = reinterpret_cast<const T*>(
-                  __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_src), from));
-            }
-          }
-          for (int c0 = 0; c0 < p.dim; c0 += 128) {
-            const int c = c0 + lane * 4;
-            float v[kBatch][4];
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b)
-              if (src[b] != nullptr) load4(src[b], c, p.dim, v[b]);
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-              if (src[b] == nullptr) continue;
-              float* ar = acc + dst[b] * p.dim + c;
-              if (vec_rows && c + 4 <= p.dim) {  // one 16-byte access per lane: no bank conflicts
-                float4 a4 = *reinterpret_cast<float4*>(ar);
-                a4.x = fmaf(g[b], v[b][0], a4.x);
-                a4.y = fmaf(g[b], v[b][1], a4.y);
-                a4.z = fmaf(g[b], v[b][2], a4.z);
-                a4.w = fmaf(g[b], v[b][3], a4.w);
-                *reinterpret_cast<float4*>(ar) = a4;
-              } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                  if (c + e < p.dim) ar[e] = fmaf(g[b], v[b][e], ar[e]);
-              }
-            }
-          }
+        const unsigned hits = __ballot_sync(0xffffffffu, mine);
+        if (mine) my_queue[queued + __popc(hits & ((1u << lane) - 1))] = x;
+        queued += __popc(hits);
+        __syncwarp();
+        if (queued >= 32) {
+          drain(base, 32);
+          const int rest = queued - 32;
+          const int moved = lane < rest ? my_queue[32 + lane] : 0;
+          __syncwarp();
+          if (lane < rest) my_queue[lane] = moved;
+          __syncwarp();
+          queued = rest;
         }
       }
+      if (queued > 0) drain(base, queued);
+      __syncwarp();
     }
   }
   __syncthreads();

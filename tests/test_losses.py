@@ -125,3 +125,36 @@ def test_cuda_step_captures_in_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_step_equals_the_autograd_loss(backend_device, dtype):
+    backend, device = backend_device
+    Q = values((5, 7, 32), dtype, device)
+    D = values((8, 10, 32), dtype, device)
+    d_len = random_lengths(8, 10, device)
+    targets = torch.tensor([7, 0, 3, 3, 1], device=device)
+    loss, dq, dd = maxsim.contrastive_step(
+        Q, D, d_lengths=d_len, targets=targets, temperature=0.1, backend=backend
+    )
+    q, d = leaves(Q, D)
+    ref = maxsim.contrastive_loss(
+        q, d, d_lengths=d_len, targets=targets, temperature=0.1, backend=backend
+    )
+    ref.backward()
+    assert torch.equal(loss, ref.detach())
+    assert dq.dtype == dtype and dd.shape == D.shape
+    assert torch.equal(dq, q.grad) and torch.equal(dd, d.grad)
+
+
+def test_step_on_grouped_candidates(backend_device):
+    backend, device = backend_device
+    Q = values((3, 4, 16), torch.float32, device)
+    D = values((3, 5, 6, 16), torch.float32, device)
+    targets = torch.tensor([0, 0, 4], device=device)
+    loss, dq, dd = maxsim.contrastive_step(Q, D, targets=targets, backend=backend)
+    q, d = leaves(Q, D)
+    ref = F.cross_entropy(maxsim.maxsim(q, d, backend=backend), targets)
+    ref.backward()
+    assert torch.allclose(loss, ref, rtol=1e-6)
+    assert torch.allclose(dq, q.grad, atol=1e-6) and torch.allclose(dd, d.grad, atol=1e-6)

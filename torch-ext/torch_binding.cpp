@@ -241,6 +241,22 @@ std::tuple<Tensor, Tensor> ce(const Tensor& scores_in, const OptTensor& targets,
   return {loss, grad};
 }
 
+// A whole contrastive training step without autograd: scores with argmax, the loss and its
+// gradient with respect to the scores, then the gradients of q and d.
+std::tuple<Tensor, Tensor, Tensor> contrastive_step(
+    const Tensor& q, const Tensor& d, const OptTensor& q_offsets, const OptTensor& q_lengths,
+    const OptTensor& q_mask, const OptTensor& d_offsets, const OptTensor& d_lengths,
+    const OptTensor& d_mask, int64_t layout, int64_t group, int64_t max_lq,
+    const OptTensor& targets, double scale) {
+  TORCH_CHECK(layout != maxsim::kPairs, "maxsim: contrastive_step takes all-pairs or grouped scores");
+  auto [scores, argmax] = fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
+                              std::nullopt, std::nullopt, layout, group, max_lq, true, false);
+  auto [loss, grad] = ce(scores, targets, scale);
+  auto [dq, dd] = bwd(grad, q, d, argmax, q_offsets, d_offsets, std::nullopt, std::nullopt, layout,
+                      group);
+  return {loss, dq, dd};
+}
+
 // ---- autograd, in C++: a call that needs no gradient pays only the dispatcher's check, and one
 // that does records a node whose backward runs `bwd` on the saved argmax. Both ops are reached
 // through the dispatcher, so fake tensors (torch.compile) take the same path.
@@ -282,6 +298,7 @@ struct FwdGrad : torch::autograd::Function<FwdGrad> {
                                           d_mask, pair_q, pair_d, layout, group, max_lq,
                                           with_argmax, tf32);
     ctx->mark_non_differentiable({argmax});
+    ctx->set_materialize_grads(false);  // no zero-filled gradient for the argmax output
     ctx->save_for_backward({q, d, argmax, q_offsets.value_or(Tensor()), d_offsets.value_or(Tensor()),
                             pair_q.value_or(Tensor()), pair_d.value_or(Tensor())});
     ctx->saved_data["layout"] = layout;
@@ -331,6 +348,7 @@ struct CeGrad : torch::autograd::Function<CeGrad> {
     at::AutoDispatchBelowADInplaceOrView below;
     auto [loss, grad] = ce_op().call(scores, targets, scale);
     ctx->mark_non_differentiable({grad});
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({grad});
     return {loss, grad};
   }
@@ -350,6 +368,20 @@ std::tuple<Tensor, Tensor> ce_autograd(const Tensor& scores, const OptTensor& ta
   return {out[0], out[1]};
 }
 
+// The step returns gradients: its outputs never require grad themselves.
+std::tuple<Tensor, Tensor, Tensor> contrastive_step_autograd(
+    const Tensor& q, const Tensor& d, const OptTensor& q_offsets, const OptTensor& q_lengths,
+    const OptTensor& q_mask, const OptTensor& d_offsets, const OptTensor& d_lengths,
+    const OptTensor& d_mask, int64_t layout, int64_t group, int64_t max_lq,
+    const OptTensor& targets, double scale) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::contrastive_step", "")
+                             .typed<decltype(contrastive_step)>();
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout, group,
+                 max_lq, targets, scale);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
@@ -361,17 +393,23 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
       "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
       "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor, Tensor)");
   m.def("ce(Tensor scores, Tensor? targets, float scale) -> (Tensor, Tensor)");
+  m.def(
+      "contrastive_step(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
+      "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, int layout, int group, int max_lq, "
+      "Tensor? targets, float scale) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, m) {
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
   m.impl("ce", &ce);
+  m.impl("contrastive_step", &contrastive_step);
 }
 
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, Autograd, m) {
   m.impl("fwd", &fwd_autograd);
   m.impl("ce", &ce_autograd);
+  m.impl("contrastive_step", &contrastive_step_autograd);
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

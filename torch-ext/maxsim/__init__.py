@@ -17,7 +17,7 @@ from .compat import (
     score_pairs_packed_with_argmax,
 )
 from .dispatch import BACKENDS, cuda_ops, select_ops
-from .losses import contrastive_loss
+from .losses import contrastive_loss, contrastive_step
 from .native import MaxSimScorer, maxsim, maxsim_pairs, maxsim_varlen, maxsim_with_argmax
 from .reference import (
     maxsim_reference,
@@ -43,6 +43,7 @@ __all__ = [
     "retrieve",
     "MaxSimScorer",
     "contrastive_loss",
+    "contrastive_step",
     # compatibility surface
     "score_candidates_padded",
     "score_candidates_padded_with_argmax",

@@ -313,3 +313,15 @@ def ce(scores, targets, scale):
     grad = logp.exp()
     grad[torch.arange(rows, device=logits.device), t] -= 1.0
     return loss, grad * (scale / rows)
+
+
+def contrastive_step(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout,
+                     group, max_lq, targets, scale):
+    """The ``contrastive_step`` op: ``fwd`` with argmax, ``ce``, then ``bwd``, without autograd;
+    returns (loss, dq, dd)."""
+    with torch.no_grad():
+        scores, argmax = fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
+                             None, None, layout, group, max_lq, True, False)
+        loss, grad = ce(scores, targets, scale)
+        dq, dd = bwd(grad, q, d, argmax, q_offsets, d_offsets, None, None, layout, group)
+    return loss, dq, dd

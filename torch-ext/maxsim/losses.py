@@ -9,7 +9,7 @@ import torch
 
 from . import validation as check
 from .dispatch import select_ops
-from .native import maxsim
+from .native import maxsim, padded_sets
 from .settings import debug_enabled
 
 
@@ -29,15 +29,49 @@ def contrastive_loss(
         does not allow.
     Returns a 0-d fp32 tensor, differentiable with respect to ``Q`` and ``D``.
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-        math.isfinite(temperature) and temperature > 0
-    ):
-        raise ValueError(f"temperature: expected a positive finite number, got {temperature!r}")
+    _check_temperature(temperature)
     scores = maxsim(
         Q, D, q_mask, d_mask, q_lengths=q_lengths, d_lengths=d_lengths, normalize=normalize,
         backend=backend,
     )
-    nq, cols = scores.shape
+    targets = _check_targets(targets, D, scores.shape, scores.device)
+    return select_ops(scores.device, backend).ce(scores, targets, 1.0 / temperature)[0]
+
+
+def contrastive_step(
+    Q, D, q_mask=None, d_mask=None, *, q_lengths=None, d_lengths=None, targets=None,
+    temperature=1.0, backend="auto",
+):
+    """One contrastive training step without autograd: the loss of :func:`contrastive_loss` and
+    its gradients with respect to ``Q`` and ``D``, from one op (on CUDA: four kernels, no host
+    sync, capturable in a CUDA graph).
+
+    Shapes: as :func:`contrastive_loss`. Returns ``(loss, dQ, dD)``: 0-d fp32, ``dQ`` like ``Q``,
+    ``dD`` like ``D`` (contiguous, in their dtype). Apply them with ``Q.backward(dQ)`` or an
+    optimizer directly.
+    """
+    _check_temperature(temperature)
+    q, d, layout, group = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths)
+    nq = q.x.size(0)
+    cols = d.x.size(0) if D.dim() == 3 else group
+    targets = _check_targets(targets, D, (nq, cols), q.x.device)
+    loss, dq, dd = select_ops(q.x.device, backend).contrastive_step(
+        q.x, d.x, q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, layout, group,
+        q.x.size(1), targets, 1.0 / temperature,
+    )
+    return loss, dq, dd.view(D.shape)
+
+
+def _check_temperature(temperature):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        math.isfinite(temperature) and temperature > 0
+    ):
+        raise ValueError(f"temperature: expected a positive finite number, got {temperature!r}")
+
+
+def _check_targets(targets, D, shape, device):
+    """``targets`` checked against scores of ``shape``; returned as given (int64 passes as is)."""
+    nq, cols = shape
     if targets is None:
         if D.dim() == 4:
             raise ValueError(
@@ -50,9 +84,9 @@ def contrastive_loss(
                 f"got {nq} queries and {cols} documents; pass targets"
             )
     else:
-        check.index("targets", targets, (nq,), scores.device)  # the op takes int64 as is
+        check.index("targets", targets, (nq,), device)  # the op takes int64 as is
         if debug_enabled() and nq:
             check.check_range("targets", targets, 0, cols - 1, f"a document index in [0, {cols})")
     if cols == 0 and nq:
         raise ValueError("D: expected at least one document (or candidate) per query, got none")
-    return select_ops(scores.device, backend).ce(scores, targets, 1.0 / temperature)[0]
+    return targets

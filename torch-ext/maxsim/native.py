@@ -17,9 +17,9 @@ def _normalized(x: torch.Tensor, normalize: bool) -> torch.Tensor:
     return F.normalize(x, dim=-1) if normalize else x
 
 
-def _padded_call(
-    Q, D, q_mask, d_mask, normalize, backend, want_argmax, q_lengths=None, d_lengths=None
-):
+def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None):
+    """Validated token sets of a padded call: ``(q, d, layout, group)``; 3-D ``D`` is all pairs,
+    4-D ``D`` each query's own candidates."""
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
@@ -28,7 +28,7 @@ def _padded_call(
         )
     D = check.embeddings("D", D, ("Nd", "Ld", "H") if D.dim() == 3 else ("Nq", "K", "Ld", "H"))
     check.same_space("Q", Q, "D", D)
-    nq, lq = Q.shape[:2]
+    nq = Q.size(0)
     q = check.padded(
         _normalized(Q, normalize), lengths=q_lengths, lengths_name="q_lengths", m=q_mask,
         mask_name="q_mask",
@@ -56,7 +56,16 @@ def _padded_call(
             mask_name="d_mask",
         )
         layout, group = GROUPED, D.size(1)
-    return forward(q, d, layout, group=group, max_lq=lq, want_argmax=want_argmax, backend=backend)
+    return q, d, layout, group
+
+
+def _padded_call(
+    Q, D, q_mask, d_mask, normalize, backend, want_argmax, q_lengths=None, d_lengths=None
+):
+    q, d, layout, group = padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths)
+    return forward(
+        q, d, layout, group=group, max_lq=q.x.size(1), want_argmax=want_argmax, backend=backend
+    )
 
 
 def maxsim(

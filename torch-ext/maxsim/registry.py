@@ -23,6 +23,11 @@ BWD_SCHEMA = (
 )
 
 CE_SCHEMA = "ce(Tensor scores, Tensor? targets, float scale) -> (Tensor loss, Tensor grad)"
+STEP_SCHEMA = (
+    "contrastive_step(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
+    "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, int layout, int group, int max_lq, "
+    "Tensor? targets, float scale) -> (Tensor loss, Tensor dq, Tensor dd)"
+)
 
 
 def _fwd_fake(
@@ -61,6 +66,11 @@ def _ce_fake(scores, targets, scale):
         scores.new_empty((), dtype=torch.float32),
         torch.empty_like(scores, dtype=torch.float32, memory_format=torch.contiguous_format),
     )
+
+
+def _step_fake(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout, group,
+               max_lq, targets, scale):
+    return (q.new_empty((), dtype=torch.float32),) + _bwd_fake(None, q, d, *([None] * 7))
 
 
 def _setup_context(ctx, inputs, output):
@@ -113,8 +123,9 @@ def register_fakes(namespace: str) -> None:
     """Register the fake kernels of ``fwd`` / ``bwd`` / ``ce`` on ``namespace``."""
     torch.library.register_fake(f"{namespace}::fwd", _fwd_fake)
     torch.library.register_fake(f"{namespace}::bwd", _bwd_fake)
-    if hasattr(getattr(torch.ops, namespace), "ce"):  # builds of older sources lack it
+    if hasattr(getattr(torch.ops, namespace), "ce"):  # builds of older sources lack these
         torch.library.register_fake(f"{namespace}::ce", _ce_fake)
+        torch.library.register_fake(f"{namespace}::contrastive_step", _step_fake)
 
 
 def register_autograd(namespace: str) -> None:
@@ -141,7 +152,9 @@ def _define_torch_namespace():
     library.impl("fwd", fallback.fwd, "CompositeExplicitAutograd")
     library.define(CE_SCHEMA)
     library.impl("bwd", fallback.bwd, "CompositeExplicitAutograd")
+    library.define(STEP_SCHEMA)
     library.impl("ce", fallback.ce, "CompositeExplicitAutograd")
+    library.impl("contrastive_step", fallback.contrastive_step, "CompositeExplicitAutograd")
     register_fakes(NAMESPACE)
     register_autograd(NAMESPACE)
     return library
