@@ -17,6 +17,39 @@ __global__ void sum_partials_kernel(const float* partial, float* scores, int m_t
   scores[i] = s;
 }
 
+// Merges the column slices of split documents: per query row the best of the slices' maxima (in
+// slice order, so ties keep the lowest column), then the sum over valid rows, in the order the
+// unsplit kernel sums them (lanes over rows, then a butterfly): scores are bit-identical.
+template <bool kArgmax>
+__global__ void merge_splits_kernel(const FwdParams p, int splits) {
+  const int out = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (out >= p.pairs.num_pairs) return;
+  const int qi = pair_query(p.pairs, p.d.count, out);
+  const Segment gq = segment_of(p.q, qi);
+  const size_t slab = size_t(p.pairs.num_pairs) * splits * p.max_lq;
+  const int* part_i = reinterpret_cast<const int*>(p.partial) + slab;
+  float s = 0.f;
+  for (int t = lane; t < p.max_lq; t += 32) {
+    float v = -INFINITY;
+    int i = -1;
+    for (int k = 0; k < splits; ++k) {
+      const size_t at = (size_t(out) * splits + k) * p.max_lq + t;
+      if constexpr (kArgmax) {
+        if (beats(p.partial[at], part_i[at], Best{v, i})) { v = p.partial[at]; i = part_i[at]; }
+      } else {
+        v = max_nan(v, p.partial[at]);
+      }
+    }
+    const bool valid = row_valid(p.q, gq, t);
+    if constexpr (kArgmax) p.argmax[size_t(out) * p.max_lq + t] = valid ? i : -1;
+    const bool found = kArgmax ? i >= 0 : v != -INFINITY;
+    s += valid && found ? v : 0.f;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) p.scores[out] = s;
+}
+
 
 // Tile shapes. Why each exists:
 //  kSmall  32 x 64,  4 warps: one short query (Lq <= 32) against streamed documents; the
@@ -58,9 +91,47 @@ int num_items(const FwdParams& p) {
 
 struct Plan {
   Tile tile = Tile::kSimt;
-  FwdGrid grid{1, 1, 1, 1};
+  FwdGrid grid{1, 1, 1, 1, 1};
   int blocks = 0;
 };
+
+template <typename T, Tile kTile, bool kArgmax, int kDim>
+constexpr auto tc_kernel() {
+  using S = TileShape<kTile>;
+  return fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, kDim>;
+}
+
+// Blocks of a tile kernel resident per SM (registers and shared memory), asked once per device.
+template <typename T, Tile kTile, bool kArgmax, int kDim>
+int resident_blocks(int dim) {
+  using S = TileShape<kTile>;
+  using Cfg = FwdTC<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
+  constexpr auto kernel = tc_kernel<T, kTile, kArgmax, kDim>();
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (kDim > 0 && device < kMaxDevices && cached[device] > 0) return cached[device];
+  const size_t smem = Cfg::smem_bytes(dim);
+  allow_smem<kernel>(smem);
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads, smem) != cudaSuccess)
+    blocks = 1;
+  blocks = std::max(blocks, 1);
+  if (kDim > 0 && device < kMaxDevices) cached[device] = blocks;
+  return blocks;
+}
+
+template <Tile kTile>
+int resident_blocks(const FwdParams& p, DType dtype) {
+  const bool argmax = p.argmax != nullptr, d128 = p.dim == 128;
+  auto pick = [&](auto tag) {
+    using T = decltype(tag);
+    if (argmax) return d128 ? resident_blocks<T, kTile, true, 128>(p.dim) : resident_blocks<T, kTile, true, 0>(p.dim);
+    return d128 ? resident_blocks<T, kTile, false, 128>(p.dim) : resident_blocks<T, kTile, false, 0>(p.dim);
+  };
+  return dtype == DType::kBF16 ? pick(__nv_bfloat16{}) : pick(__half{});
+}
 
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
@@ -89,8 +160,27 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     case kGrouped: plan.grid.q_tiles = p.q.count * plan.grid.m_tiles; break;
     default: plan.grid.q_tiles = plan.grid.m_tiles; break;
   }
-  // Enough blocks for several waves, so that the tail is short and every SM streams.
   const int items = std::max(1, num_items(p));
+  if (plan.tile != Tile::kLarge && plan.grid.m_tiles == 1) {
+    // Streaming short queries (memory-bound): at least ~8 waves of small blocks, so that the
+    // last wave's tail is short. Padded documents too few for that are cut into column slices
+    // of >= 2 tiles each, merged by a second kernel.
+    const int bn = 64;  // kSmall and kMedium stream 64-token tiles
+    const int per_sm = plan.tile == Tile::kSmall ? resident_blocks<Tile::kSmall>(p, dtype)
+                                                 : resident_blocks<Tile::kMedium>(p, dtype);
+    const int64_t want = int64_t(dev.num_sms) * per_sm * 8;
+    const int64_t units = int64_t(plan.grid.q_tiles) * items;
+    if (units < want && p.d.offsets == nullptr) {
+      const int max_splits = std::min(16, (p.d.pad_len + bn - 1) / bn / 2);
+      plan.grid.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_splits, (want + units - 1) / units)));
+    }
+    plan.grid.docs_per_block =
+        plan.grid.splits > 1 ? 1 : static_cast<int>(std::max<int64_t>(1, units / want));
+    const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
+    plan.blocks = static_cast<int>(n_chunks * plan.grid.splits * plan.grid.q_tiles);
+    return plan;
+  }
+  // Enough blocks for several waves, so that the tail is short and every SM streams.
   const int64_t target = int64_t(dev.num_sms) * 8;
   const int64_t chunks = std::max<int64_t>(1, target / std::max(1, plan.grid.q_tiles));
   plan.grid.docs_per_block = static_cast<int>((items + chunks - 1) / chunks);
@@ -104,8 +194,8 @@ void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
   using S = TileShape<kTile>;
   using Cfg = FwdTC<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
   // ColBERT / ColPali embeddings are 128-wide: that dim gets a fully unrolled k loop.
-  constexpr auto k128 = fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, 128>;
-  constexpr auto kAny = fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, 0>;
+  constexpr auto k128 = tc_kernel<T, kTile, kArgmax, 128>();
+  constexpr auto kAny = tc_kernel<T, kTile, kArgmax, 0>();
   const size_t smem = Cfg::smem_bytes(p.dim);
   if (p.dim == 128) {
     allow_smem<k128>(smem);
@@ -134,6 +224,8 @@ void launch_typed(const FwdParams& p, const Plan& plan, const DeviceInfo& dev, c
 
 size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   const Plan plan = make_plan(p, dtype, dev);
+  if (plan.grid.splits > 1)  // each slice's row maxima, then their argmax (int32)
+    return 2 * size_t(plan.grid.splits) * p.pairs.num_pairs * p.max_lq;
   return plan.grid.m_tiles > 1 ? size_t(plan.grid.m_tiles) * p.pairs.num_pairs : 0;
 }
 
@@ -151,7 +243,11 @@ void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     case DType::kBF16: go(__nv_bfloat16{}); break;
     default: go(float{}); break;
   }
-  if (plan.grid.m_tiles > 1) {
+  if (plan.grid.splits > 1) {
+    const int threads = 256, blocks = static_cast<int>((int64_t(p.pairs.num_pairs) * 32 + threads - 1) / threads);
+    if (argmax) merge_splits_kernel<true><<<blocks, threads, 0, stream>>>(p, plan.grid.splits);
+    else merge_splits_kernel<false><<<blocks, threads, 0, stream>>>(p, plan.grid.splits);
+  } else if (plan.grid.m_tiles > 1) {
     const int n = p.pairs.num_pairs;
     sum_partials_kernel<<<(n + 255) / 256, 256, 0, stream>>>(p.partial, p.scores, plan.grid.m_tiles, n);
   }

@@ -18,6 +18,14 @@ struct FwdGrid {
   int m_tiles;        // row tiles per query (> 1 when Lq > BM)
   int qpb;            // queries per row tile (> 1 only for short padded queries, all-pairs)
   int docs_per_block; // documents (or pairs) per block
+  int splits;         // column slices per document (> 1: one slice per block, docs_per_block 1);
+                      // each writes its rows' maxima to p.partial and a second kernel merges them
+};
+
+// A block's share of one document: tiles [begin, end), columns below `cols` valid. An empty
+// slice still runs one tile with no valid column, so that its (empty) maxima get written.
+struct TileSpan {
+  int begin, end, cols;
 };
 
 template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
@@ -63,7 +71,8 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 
   // ---- what this block owns
   const int qtile = blockIdx.x % grid.q_tiles;
-  const int chunk = blockIdx.x / grid.q_tiles;
+  const int split = (blockIdx.x / grid.q_tiles) % grid.splits;
+  const int chunk = blockIdx.x / grid.q_tiles / grid.splits;
   const int mt = qtile % grid.m_tiles;
   const int num_q = p.q.count, num_d = p.d.count;
   const PairMap& pm = p.pairs;
@@ -121,10 +130,19 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   };
   load_queries(q0);
 
+  auto span_of = [&](const Segment& g) {
+    const int tiles = max(1, (g.len + BN - 1) / BN);
+    if (grid.splits == 1) return TileSpan{0, tiles, g.len};
+    const int per = (tiles + grid.splits - 1) / grid.splits;
+    const int begin = split * per, end = min(tiles, begin + per);
+    return begin < end ? TileSpan{begin, end, min(g.len, end * BN)} : TileSpan{0, 1, 0};
+  };
+
   // ---- producer: walks (item, tile) ahead of the consumer
-  int p_item = item_begin, p_tile = 0;
+  int p_item = item_begin;
+  TileSpan p_span = span_of(segment_of(p.d, item_doc(p_item)));
   Segment p_seg = segment_of(p.d, item_doc(p_item));
-  auto tiles_of = [](const Segment& g) { return max(1, (g.len + BN - 1) / BN); };
+  int p_tile = p_span.begin;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
   const int chunks_p2 = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
   const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
@@ -142,7 +160,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       const int doc = item_doc(p_item);
       if (p.d.mask != nullptr) {
         const int s = p_tile * BN + tid;
-        mask_reg = tid < BN && s < p_seg.len ? p.d.mask[p_seg.first_row + s] : false;
+        mask_reg = tid < BN && s < p_span.cols ? p.d.mask[p_seg.first_row + s] : false;
         mask_stage = stage;
       }
       T* dst = d_s + stage * BN * lds + my_chunk * 8;
@@ -152,13 +170,16 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       if (copies) {
         for (int r = tid / chunks_p2; r < BN; r += row_step) {
           const int s = row0 + r;
-          const bool in = col_in && s < p_seg.len;
+          const bool in = col_in && s < p_span.cols;
           cp_async16(dst + r * lds, in ? src0 + int64_t(s) * p.d.row_stride : dg, in ? 16 : 0);
         }
       }
-      if (++p_tile == tiles_of(p_seg)) {
-        p_tile = 0;
-        if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
+      if (++p_tile == p_span.end) {
+        if (++p_item < item_end) {
+          p_seg = segment_of(p.d, item_doc(p_item));
+          p_span = span_of(p_seg);
+        }
+        p_tile = p_span.begin;
       }
     }
     cp_async_commit();  // empty groups keep the wait counts uniform
@@ -180,8 +201,9 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   };
   reset();
 
-  int c_item = item_begin, c_tile = 0, stage = 0;
-  Segment c_seg = segment_of(p.d, item_doc(c_item));
+  int c_item = item_begin, stage = 0;
+  TileSpan c_span = span_of(segment_of(p.d, item_doc(c_item)));
+  int c_tile = c_span.begin;
   int loaded_q = q0;
   while (c_item < item_end) {
     stage_mask();
@@ -189,7 +211,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
     __syncthreads();
     issue((stage + STAGES - 1) % STAGES);
 
-    if (pm.layout == kPairs && c_tile == 0) {
+    if (pm.layout == kPairs && c_tile == c_span.begin) {
       const int qi = pm.pair_q[c_item];
       if (qi != loaded_q) {  // pairs sorted by query reload rarely
         __syncthreads();
@@ -201,14 +223,14 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 
     // Column validity first: its mask loads are then in flight during the MMAs.
     const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
-    const bool full = (c_tile + 1) * BN <= c_seg.len && p.d.mask == nullptr;
+    const bool full = (c_tile + 1) * BN <= c_span.cols && p.d.mask == nullptr;
     bool ok[NT][2];
 #pragma unroll
     for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = col0 + ni * 8 + e;
-        ok[ni][e] = full || (col < c_seg.len &&
+        ok[ni][e] = full || (col < c_span.cols &&
                              (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN]));
       }
     // S = Q_tile * D_tile^T for this warp's rows and columns.
@@ -268,7 +290,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         }
       }
 
-    if (++c_tile == tiles_of(c_seg)) {
+    if (++c_tile == c_span.end) {
       // ---- end of a document: merge lanes, then warps, then sum rows per query.
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
@@ -296,6 +318,27 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       __syncthreads();
       const int qfirst = pm.layout == kPairs ? loaded_q : q0;
       for (int r = tid; r < BM; r += Cfg::kThreads) {
+        if (grid.splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
+          float v = red_v[r];
+          int i = red_i[r];
+#pragma unroll
+          for (int w = 1; w < WN; ++w) {
+            const float ov = red_v[w * BM + r];
+            if constexpr (kArgmax) {
+              const int oi = red_i[w * BM + r];
+              if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
+            } else {
+              v = max_nan(v, ov);
+            }
+          }
+          if (r < p.max_lq) {
+            const size_t at = (size_t(item_out(c_item, qfirst)) * grid.splits + split) * p.max_lq + r;
+            p.partial[at] = v;
+            if constexpr (kArgmax)
+              reinterpret_cast<int*>(p.partial)[size_t(pm.num_pairs) * grid.splits * p.max_lq + at] = i;
+          }
+          continue;
+        }
         float v = red_v[r];
         int i = red_i[r];
 #pragma unroll
@@ -318,7 +361,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         row_val[r] = valid && found ? v : 0.f;
       }
       __syncthreads();
-      for (int ql = warp; ql < grid.qpb; ql += WM * WN) {
+      for (int ql = warp; grid.splits == 1 && ql < grid.qpb; ql += WM * WN) {
         const int qi = qfirst + ql;
         float s = 0.f;
         for (int r = ql * rpq + lane; r < min(BM, (ql + 1) * rpq); r += 32) s += row_val[r];
@@ -330,8 +373,8 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
           else p.scores[out] = s;
         }
       }
-      c_tile = 0;
-      if (++c_item < item_end) c_seg = segment_of(p.d, item_doc(c_item));
+      if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
+      c_tile = c_span.begin;
     }
     stage = (stage + 1) % STAGES;
   }
