@@ -303,6 +303,10 @@ def profile_run(ops):
     Dm = norm(torch.randn(128, 1024, 128, device="cuda"))
     s, a = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, 128, True, False)
     ops.bwd(torch.randn_like(s), Q, Dm, a, None, None, None, None, ALL, 0)
+    Q = norm(torch.randn(32, 32, 128, device="cuda"))
+    Dm = norm(torch.randn(32, 80, 128, device="cuda"))
+    s, a = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, 32, True, False)
+    ops.bwd(torch.randn_like(s), Q, Dm, a, None, None, None, None, ALL, 0)
     torch.cuda.synchronize()
 
 
