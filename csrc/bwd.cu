@@ -1,6 +1,7 @@
 // Backward launcher: one launch for dQ, one for dD.
 #include <algorithm>
 #include "bwd.cuh"
+#include "bwd_sorted.cuh"
 #include "launch.h"
 
 namespace maxsim {
@@ -16,6 +17,10 @@ int dd_rows(int dim, int64_t total_rows, int num_sms) {
 
 }  // namespace
 
+bool bwd_sorts_rows(const BwdParams& p) {
+  return p.d.offsets == nullptr && p.d.pad_len > 0 && p.d.pad_len <= kSortMaxRows;
+}
+
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
@@ -24,7 +29,13 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     const int row_blocks = (std::max(q_rows, 1) + warps - 1) / warps;
     if (p.q.count > 0 && q_rows > 0)
       bwd_dq_kernel<T><<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
-    if (p.d.rows > 0) {
+    if (p.d.rows > 0 && p.dd_sorted != nullptr) {
+      const size_t smem = size_t(p.d.pad_len) * sizeof(int);
+      allow_smem<bwd_dd_sort_kernel>(smem);
+      bwd_dd_sort_kernel<<<p.d.count, kSortThreads, smem, stream>>>(p);
+      const int64_t blocks = (p.d.rows + kBwdWarps - 1) / kBwdWarps;
+      bwd_dd_rows_kernel<T><<<static_cast<unsigned>(blocks), kBwdThreads, 0, stream>>>(p);
+    } else if (p.d.rows > 0) {
       const int rows = dd_rows(p.dim, p.d.rows, dev.num_sms);
       const size_t smem = size_t(rows) * p.dim * sizeof(float);
       allow_smem<bwd_dd_kernel<T>>(smem);

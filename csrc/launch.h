@@ -11,6 +11,9 @@ size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& d
 // fp32 inputs always take the exact fp32 path.
 void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
+// Whether dD goes by document row (padded documents): the binding then provides dd_sorted,
+// dd_start and dd_count (int32 scratch: argmax.numel(), d.rows, d.rows).
+bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` on the current device. The attribute

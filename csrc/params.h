@@ -54,6 +54,10 @@ struct BwdParams {
   const int64_t* d_ptr = nullptr;   // [d.count + 1]
   void* dq = nullptr;               // shaped like q
   void* dd = nullptr;               // shaped like d
+  // dD by document row (padded documents): each row's argmax entries, in entry order.
+  int* dd_sorted = nullptr;         // [num_pairs * max_lq] entry ids, grouped by row
+  int* dd_start = nullptr;          // [d.rows] first position of the row's entries
+  int* dd_count = nullptr;          // [d.rows] how many
 };
 
 // Cross-entropy over the rows of fp32 scores [rows, cols] (row i's target: targets[i], or i).

@@ -206,6 +206,13 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   Tensor dd = at::empty_like(d);
   p.dq = dq.data_ptr();
   p.dd = dd.data_ptr();
+  Tensor dd_scratch;
+  if (maxsim::bwd_sorts_rows(p)) {
+    dd_scratch = at::empty({argmax.numel() + 2 * p.d.rows}, q.options().dtype(at::kInt));
+    p.dd_sorted = dd_scratch.data_ptr<int>();
+    p.dd_start = p.dd_sorted + argmax.numel();
+    p.dd_count = p.dd_start + p.d.rows;
+  }
   maxsim::launch_bwd(p, dtype_of(q), device_info(), at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dq, dd};

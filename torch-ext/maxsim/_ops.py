@@ -35,7 +35,8 @@ DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX"
 # standard is left to torch.utils.cpp_extension: torch's own headers need C++20 from torch 2.10 on.
 # Py_LIMITED_API keeps the module importable from any CPython 3.10+ (an abi3 build).
 CXX_FLAGS = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
-NVCC_BASE_FLAGS = ["-O3", "-lineinfo"]
+# --threads=0: the arch targets of one source compile in parallel.
+NVCC_BASE_FLAGS = ["-O3", "-lineinfo", "--threads=0"]
 
 _SOURCE_GLOBS = (
     "csrc/*.cu",
