@@ -173,9 +173,14 @@ def main_table(doc) -> list[str]:
     return lines
 
 
+def _ours(doc) -> list[str]:
+    """maxsim first, then its variants (maxsim-*) found in the rows."""
+    return [OURS] + sorted({r["impl"] for r in doc["rows"] if r["impl"].startswith(OURS + "-")})
+
+
 def all_impls_table(doc) -> list[str]:
     idx = _index(doc)
-    impls = [OURS, NAIVE] + _peers(doc)
+    impls = _ours(doc) + [NAIVE] + _peers(doc)
     keys = []
     for r in doc["rows"]:
         if (r["workload"], r["dtype"]) not in keys:
@@ -350,7 +355,9 @@ def render(results, docs_dir: Path, readme_dir: Path) -> tuple[str, dict[Path, b
         "speed-ups (their time over ours); × floor is our time over the floor set by the "
         "measured copy bandwidth and matmul rate (percent of that roofline in brackets); peak MB "
         "is memory allocated above the inputs during one call; rel err is against a float64 "
-        "reference. Method and columns: `bench_results/README.md`._",
+        "reference. maxsim's training rows run `contrastive_step` (loss and gradients from one "
+        "op); `maxsim-autograd` is the same step as `maxsim()` + `F.cross_entropy` + autograd. "
+        "Method and columns: `bench_results/README.md`._",
         "",
     ]
     if not results:
