@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -145,9 +146,11 @@ def environment(device: str) -> dict:
         except OSError:
             return ""
 
+    # MAXSIM_COMMIT / MAXSIM_DIRTY win, as in bench.py: a copied tree's .git may not be its own.
+    dirty = os.environ.get("MAXSIM_DIRTY")
     env = {
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain")),
+        "commit": os.environ.get("MAXSIM_COMMIT") or git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain")) if dirty is None else dirty not in ("0", ""),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "pylate": pylate.__version__,

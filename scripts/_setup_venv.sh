@@ -21,3 +21,17 @@ if [ ! -e "$stamp" ]; then
   rm -f .venv/.maxsim-install-*
   touch "$stamp"
 fi
+# MAXSIM_TEST_INTEGRATIONS=1 adds the libraries the integrations patch, at the versions the tests
+# pin, keeping the torch already installed. PyLate pins sentence-transformers 5, so
+# sentence-transformers 6 (the one with multi-vector similarity) goes to its own folder,
+# .venv/st6, which test.sh puts first on PYTHONPATH for that library's tests only.
+if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
+  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.2.0"
+  if [ ! -e "$istamp" ]; then
+    torch_pin="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
+    pip_install -c <(echo "$torch_pin") pylate==1.6.0 colpali-engine==0.3.18
+    pip_install --no-deps --upgrade --target .venv/st6 sentence-transformers==6.2.0
+    rm -f .venv/.maxsim-integrations-*
+    touch "$istamp"
+  fi
+fi

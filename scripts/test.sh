@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Runs the test suite (CPU; GPU tests skip without a GPU), setting up .venv on first use.
 # Arguments go to pytest: bash scripts/test.sh -k padded -x
+# MAXSIM_TEST_INTEGRATIONS=1 also installs PyLate, colpali-engine and sentence-transformers (pinned)
+# so that their integration tests run instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_setup_venv.sh
 python -m pytest tests -q "$@"
+if [ -d .venv/st6 ]; then  # sentence-transformers 6, kept apart from PyLate's pinned 5
+  PYTHONPATH=".venv/st6${PYTHONPATH:+:$PYTHONPATH}" \
+    python -m pytest tests/test_integrations_sentence_transformers.py -q "$@"
+fi

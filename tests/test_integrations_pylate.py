@@ -294,8 +294,11 @@ def sentences(n, seed, punctuation=True):
 
 
 def features(model, n_queries, n_docs_per_query):
-    q = model.tokenize(sentences(n_queries, 1, punctuation=False), is_query=True)
-    docs = model.tokenize(sentences(n_queries * n_docs_per_query, 2), is_query=False)
+    def on_device(batch):  # tokenize returns CPU tensors; the training loop moves them
+        return {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    q = on_device(model.tokenize(sentences(n_queries, 1, punctuation=False), is_query=True))
+    docs = on_device(model.tokenize(sentences(n_queries * n_docs_per_query, 2), is_query=False))
     groups = [{k: v[i::n_docs_per_query] for k, v in docs.items()} for i in range(n_docs_per_query)]
     return q, docs, groups
 
