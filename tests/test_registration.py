@@ -52,6 +52,28 @@ def test_opcheck_bwd(backend_device, case):
     )
 
 
+def test_opcheck_ce(backend_device):
+    ops = ops_for(backend_device)
+    device = backend_device[1]
+    scores = values((4, 6), torch.float32, device).requires_grad_()
+    for targets in (None, torch.tensor([5, 0, 2, 2], device=device)):
+        torch.library.opcheck(ops.ce.default, (scores, targets, 2.0))
+
+
+@pytest.mark.parametrize("case", ["allpairs-padded", "grouped-padded-packed"])
+def test_opcheck_contrastive_step(backend_device, case):
+    ops = ops_for(backend_device)
+    args = sample(case, backend_device[1])
+    q, d, q_off, q_len, q_mask, d_off, d_len, d_mask = args[:8]
+    layout, group, max_lq = args[10:13]
+    cols = d.size(0) if layout == ALLPAIRS else group
+    targets = torch.arange(q.size(0), device=q.device) % cols  # both cases have padded queries
+    torch.library.opcheck(
+        ops.contrastive_step.default,
+        (q, d, q_off, q_len, q_mask, d_off, d_len, d_mask, layout, group, max_lq, targets, 1.0),
+    )
+
+
 def compiled_matches_eager(fn, inputs, backend="aot_eager"):
     """Forward and backward of ``fn(*inputs)`` compiled with fullgraph=True equal eager."""
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
@@ -96,6 +118,12 @@ def native_calls(backend, device):
         "score_contrastive": (
             lambda Q, d: maxsim.score_contrastive(Q, d, d_off, backend=backend),
             (Q, D.reshape(-1, 16)[:10]),
+        ),
+        "contrastive_loss": (
+            lambda Q, D: maxsim.contrastive_loss(
+                Q, D, d_mask=d_mask, temperature=0.5, backend=backend
+            ),
+            (Q, D),
         ),
         "score_pairs_packed": (
             lambda q, d: maxsim.score_pairs_packed(
