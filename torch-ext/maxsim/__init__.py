@@ -19,6 +19,7 @@ from .compat import (
 from .dispatch import BACKENDS, cuda_ops, select_ops
 from .losses import contrastive_loss, contrastive_step
 from .native import MaxSimScorer, maxsim, maxsim_pairs, maxsim_varlen, maxsim_with_argmax
+from .quantize import QuantizedTokens, dequantize, quantize
 from .reference import (
     maxsim_reference,
     maxsim_reference_with_argmax,
@@ -44,6 +45,9 @@ __all__ = [
     "MaxSimScorer",
     "contrastive_loss",
     "contrastive_step",
+    "quantize",
+    "dequantize",
+    "QuantizedTokens",
     # compatibility surface
     "score_candidates_padded",
     "score_candidates_padded_with_argmax",

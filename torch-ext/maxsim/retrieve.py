@@ -5,6 +5,7 @@ import torch
 from . import validation as check
 from .dispatch import forward
 from .layouts import ALLPAIRS
+from .quantize import QuantizedTokens
 from .settings import memory_budget_bytes
 
 # Bytes per (query, candidate document) while merging: score, key, and their concatenated copies.
@@ -31,10 +32,18 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
     -> scores ``[Nq, top_k]`` fp32 descending, indices ``[Nq, top_k]`` int64.
     The corpus is scored ``chunk_size`` documents at a time (default: as many as the
     ``MAXSIM_TORCH_MEMORY_MB`` budget holds), merging each chunk into the running top-k.
+    A quantized corpus (:func:`maxsim.quantize`) is dequantized one chunk at a time.
     """
+    if isinstance(Q, QuantizedTokens):
+        Q = Q.dequantize()
+    quantized = isinstance(corpus, QuantizedTokens)
+    if quantized:
+        check.embeddings("corpus", corpus.codes.float()[:0], ("Nd", "Ld", "H"))
+        Q = Q.float() if isinstance(Q, torch.Tensor) and Q.is_floating_point() else Q
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
-    corpus = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
-    check.same_space("Q", Q, "corpus", corpus)
+    if not quantized:
+        corpus = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
+    check.same_space("Q", Q, "corpus", corpus.codes[:0].float() if quantized else corpus)
     nq, lq = Q.shape[:2]
     nd = corpus.size(0)
     top_k = check.integer("top_k", top_k, 0, nd)
@@ -48,7 +57,8 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
     best_keys = torch.empty((nq, 0), dtype=torch.int64, device=Q.device)
     for start in range(0, nd, chunk_size):
         stop = min(start + chunk_size, nd)
-        d = check.TokenSet(corpus[start:stop], mask=None if d_mask is None else d_mask[start:stop])
+        chunk = corpus[start:stop].dequantize() if quantized else corpus[start:stop]
+        d = check.TokenSet(chunk, mask=None if d_mask is None else d_mask[start:stop])
         scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
         candidates = torch.cat([best_scores, scores], dim=1)
         keys = torch.cat([best_keys, _rank_keys(scores, start)], dim=1)

@@ -1,0 +1,101 @@
+"""8-bit token embeddings: symmetric per-token INT8 or FP8 (e4m3) codes with one fp32 scale per
+token, so that a stored index takes about half the bytes of fp16.
+
+Every inference entry point takes a :class:`QuantizedTokens` for ``Q`` or ``D``. Scores are those of
+the dequantized values, computed exactly (fp32 accumulation of each code times its token's scale):
+the ranking matches float64 arithmetic on ``dequantize(x)``. This release computes them by
+dequantizing to fp32 (on CUDA the exact fp32 kernel, per chunk in ``retrieve``); 8-bit tensor-core
+kernels are not written yet, so quantized inputs save storage, not time.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
+_LIMIT = {"int8": 127.0, "fp8_e4m3": 448.0}  # largest code magnitude of each format
+
+
+@dataclass(frozen=True)
+class QuantizedTokens:
+    """8-bit codes ``[..., H]`` and fp32 per-token scales ``[...]``: token = codes * scale."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def format(self) -> str:
+        return "int8" if self.codes.dtype == torch.int8 else "fp8_e4m3"
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def dim(self) -> int:
+        return self.codes.dim()
+
+    def size(self, d=None):
+        return self.codes.size() if d is None else self.codes.size(d)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scale.numel() * 4
+
+    def __getitem__(self, index) -> "QuantizedTokens":
+        """Slices along the token dims (never the embedding dim), e.g. ``corpus[i:j]``."""
+        return QuantizedTokens(self.codes[index], self.scale[index])
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        return dequantize(self, dtype)
+
+
+def quantize(x: torch.Tensor, dtype: str = "int8", dim: int = -1) -> QuantizedTokens:
+    """Symmetric per-token quantization of embeddings ``x [..., H]`` along the embedding dim.
+
+    ``dtype``: ``"int8"`` (codes in [-127, 127], round to nearest) or ``"fp8_e4m3"`` (codes in
+    [-448, 448], torch's float8_e4m3fn rounding). Each token's scale is its largest magnitude over
+    the code limit; an all-zero token gets scale 0 and zero codes. Non-finite values raise.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x: expected a float tensor [..., H], got {getattr(x, 'dtype', type(x))}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    if x.dim() < 1 or dim not in (-1, x.dim() - 1):
+        raise ValueError(
+            f"dim: expected -1 (the embedding dim, last), got {dim} for shape {tuple(x.shape)}"
+        )
+    xf = x.detach().float()
+    if not bool(torch.isfinite(xf).all()):
+        raise ValueError("x: expected finite values, got NaN or inf")
+    scale = xf.abs().amax(dim=-1) / _LIMIT[dtype]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
+    if dtype == "int8":
+        codes = torch.round(xf / safe).clamp_(-127, 127).to(torch.int8)
+    else:
+        codes = (xf / safe).clamp_(-448, 448).to(torch.float8_e4m3fn)
+    return QuantizedTokens(codes.contiguous(), scale.contiguous())
+
+
+def dequantize(q: QuantizedTokens, dtype=torch.float32) -> torch.Tensor:
+    """``codes * scale`` in fp32 (exact for int8 codes up to the one rounding of the product),
+    returned in ``dtype``."""
+    if not isinstance(q, QuantizedTokens):
+        raise TypeError(f"q: expected QuantizedTokens, got {type(q).__name__}")
+    return (q.codes.float() * q.scale[..., None]).to(dtype)
+
+
+def resolve(*xs):
+    """The inputs of one call with every :class:`QuantizedTokens` dequantized to fp32, and then
+    every other float tensor among ``xs`` in fp32 too (both sides must share a dtype). Unchanged
+    when nothing is quantized."""
+    if not any(isinstance(x, QuantizedTokens) for x in xs):
+        return xs
+    return tuple(
+        x.dequantize() if isinstance(x, QuantizedTokens)
+        else x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        for x in xs
+    )
