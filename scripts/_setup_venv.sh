@@ -29,9 +29,13 @@ if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
   istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.2.0"
   if [ ! -e "$istamp" ]; then
     torch_pin="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
-    pip_install -c <(echo "$torch_pin") pylate==1.6.0 "peft>=0.18.0,<0.21.0" "pillow>=10.0.0"
-    # colpali-engine's torchvision requirement would replace torch; its losses never import it.
-    pip_install --no-deps colpali-engine==0.3.18
+    # The libraries' own requirements, minus two that would replace torch: PyLate's fast-plaid (its
+    # index search, built per torch release) and colpali-engine's torchvision. Neither is imported
+    # by the scoring and losses that the integrations patch.
+    pip_install -c <(echo "$torch_pin") sentence-transformers==5.3.0 "transformers>=5.3.0,<=5.3.0" \
+      "datasets>=2.20.0" "accelerate>=0.31.0" "pandas>=2.2.1" ujson==5.12.0 ninja==1.11.1.4 \
+      fastkmeans==0.5.0 "peft>=0.18.0,<0.21.0" "pillow>=10.0.0"
+    pip_install --no-deps pylate==1.6.0 colpali-engine==0.3.18
     pip_install --no-deps --upgrade --target .venv/st6 sentence-transformers==6.2.0
     rm -f .venv/.maxsim-integrations-*
     touch "$istamp"
