@@ -58,7 +58,12 @@ def select_ops(device: torch.device, backend: str = "auto"):
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
     """Whether autograd will need a backward through these inputs (so ``fwd`` keeps its argmax)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
 
 
 def forward(

@@ -92,7 +92,10 @@ def resolve(*xs):
     """The inputs of one call with every :class:`QuantizedTokens` dequantized to fp32, and then
     every other float tensor among ``xs`` in fp32 too (both sides must share a dtype). Unchanged
     when nothing is quantized."""
-    if not any(isinstance(x, QuantizedTokens) for x in xs):
+    for x in xs:  # the common case, no quantized input, stays a few type checks
+        if type(x) is QuantizedTokens:
+            break
+    else:
         return xs
     return tuple(
         x.dequantize() if isinstance(x, QuantizedTokens)

@@ -80,7 +80,7 @@ def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
     require_tensor(name, t, f"of shape {list(shape)}")
     if t.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
-    if tuple(t.shape) != tuple(shape):
+    if t.shape != shape:
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     _on_device(name, t, device)
     if t.dtype == torch.int32 and t.is_contiguous():
