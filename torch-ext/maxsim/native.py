@@ -21,7 +21,7 @@ def _normalized(x: torch.Tensor, normalize: bool) -> torch.Tensor:
 def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None):
     """Validated token sets of a padded call: ``(q, d, layout, group)``; 3-D ``D`` is all pairs,
     4-D ``D`` each query's own candidates. Quantized inputs are dequantized (fp32)."""
-    Q, D = resolve(Q, D)
+    Q, D = check.autocast_pair(*resolve(Q, D))
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
@@ -105,7 +105,7 @@ def maxsim_pairs(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="au
     Shapes: Q ``[B, Lq, H]``, D ``[B, Ld, H]``, q_mask ``[B, Lq]``, d_mask ``[B, Ld]``
     -> ``[B]`` fp32.
     """
-    Q, D = resolve(Q, D)
+    Q, D = check.autocast_pair(*resolve(Q, D))
     Q = check.embeddings("Q", Q, ("B", "Lq", "H"))
     D = check.embeddings("D", D, ("B", "Ld", "H"))
     check.same_space("Q", Q, "D", D)
@@ -146,7 +146,7 @@ def maxsim_varlen(
     Without ``max_seqlen_q`` (>= the longest query) the longest query is read from
     ``cu_seqlens_q``: one device->host sync; pass it to keep the call sync-free.
     """
-    q, d = resolve(q, d)
+    q, d = check.autocast_pair(*resolve(q, d))
     q = check.embeddings("q", q, ("Tq", "H"))
     d = check.embeddings("d", d, ("Td", "H"))
     check.same_space("q", q, "d", d)

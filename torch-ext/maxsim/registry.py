@@ -4,6 +4,8 @@ formula that every namespace (this one and the CUDA extension's) shares.
 Schemas and semantics: docs/ARCHITECTURE.md.
 """
 
+import functools
+
 import torch
 
 from . import fallback
@@ -142,6 +144,18 @@ def register_autograd(namespace: str) -> None:
         )
 
 
+def _exact(fn):
+    """``fn`` with autocast off inside: the fallback's own matmuls must keep their fp32 arithmetic
+    when the caller runs under autocast (the inputs were already cast by then)."""
+
+    @functools.wraps(fn)
+    def run(*args):
+        with torch.autocast(device_type=args[0].device.type, enabled=False):
+            return fn(*args)
+
+    return run
+
+
 def _define_torch_namespace():
     """Define ``torch.ops.maxsim_torch`` once per process (another package copy reuses it)."""
     if hasattr(torch.ops.maxsim_torch, "fwd"):
@@ -149,12 +163,14 @@ def _define_torch_namespace():
     library = torch.library.Library(NAMESPACE, "DEF")
     library.define(FWD_SCHEMA)
     library.define(BWD_SCHEMA)
-    library.impl("fwd", fallback.fwd, "CompositeExplicitAutograd")
+    library.impl("fwd", _exact(fallback.fwd), "CompositeExplicitAutograd")
     library.define(CE_SCHEMA)
-    library.impl("bwd", fallback.bwd, "CompositeExplicitAutograd")
+    library.impl("bwd", _exact(fallback.bwd), "CompositeExplicitAutograd")
     library.define(STEP_SCHEMA)
-    library.impl("ce", fallback.ce, "CompositeExplicitAutograd")
-    library.impl("contrastive_step", fallback.contrastive_step, "CompositeExplicitAutograd")
+    library.impl("ce", _exact(fallback.ce), "CompositeExplicitAutograd")
+    library.impl(
+        "contrastive_step", _exact(fallback.contrastive_step), "CompositeExplicitAutograd"
+    )
     register_fakes(NAMESPACE)
     register_autograd(NAMESPACE)
     return library

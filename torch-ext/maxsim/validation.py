@@ -57,6 +57,22 @@ def embeddings(name: str, x, dims: tuple) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def autocast_pair(q, d):
+    """Under autocast on the inputs' device, both sides in the autocast dtype (as a matmul would
+    be); otherwise unchanged. Scores stay fp32 either way."""
+    if not (isinstance(q, torch.Tensor) and isinstance(d, torch.Tensor)):
+        return q, d
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, d
+    dtype = torch.get_autocast_dtype(device_type)
+    if q.is_floating_point() and q.dtype != dtype:
+        q = q.to(dtype)
+    if d.is_floating_point() and d.dtype != dtype:
+        d = d.to(dtype)
+    return q, d
+
+
 def same_space(q_name: str, q: torch.Tensor, d_name: str, d: torch.Tensor) -> None:
     """Queries and documents share dtype, embedding dim and device."""
     if d.dtype != q.dtype:
