@@ -1,14 +1,45 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs in one call: kernel checks, quick timings, an ncu summary.
-# Usage (repository root, GPU machine): bash scripts/gpu_check.sh [profile]
+# Everything a GPU machine runs, in one call: build + kernel checks, the test suite, the
+# benchmark, the hub-variant check, the call profile, an ncu summary. Logs and results go to $OUT.
+#
+#   bash scripts/gpu_check.sh [stage ...]      stages: check test bench hub profile ncu
+#                                             (default: check test bench)
+#
+# Peer and helper wheels placed in .whl/ are installed into /tmp/site first. The benchmark takes
+# its commit from MAXSIM_COMMIT / MAXSIM_DIRTY when set (a copied tree's .git may be stale).
 set -uo pipefail
+cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 scripts/gpu_check.py --bench 2>&1 | tee "$OUT/check.log"
-if [ "${1:-}" = profile ]; then
-  ncu --target-processes all -k regex:"fwd_tc|bwd_" --launch-count 5 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SourceCounters \
-    python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
-  grep -E "fwd_tc|bwd_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|stalled" "$OUT/ncu.txt" | head -80
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+export PYTHONPATH="torch-ext${PYTHONPATH:+:$PYTHONPATH}"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(check test bench)
+status=0
+for stage in "${stages[@]}"; do
+  echo "::: $stage"
+  start=$SECONDS
+  case "$stage" in
+    check) python3 scripts/gpu_check.py 2>&1 | grep -v "^  ok" | tee "$OUT/check.log" ;;
+    test)
+      python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/test_integrations_pylate.py \
+        --ignore=tests/test_integrations_colpali.py 2>&1 | tail -n 30 | tee "$OUT/pytest.log" ;;
+    bench) python3 benchmarks/bench.py --out "$OUT/bench.json" 2>&1 | tail -n 80 | tee "$OUT/bench.log" ;;
+    hub) python3 scripts/hub_check.py --build 2>&1 | grep -v "warning" | tail -n 20 | tee "$OUT/hub.log" ;;
+    profile) python3 benchmarks/call_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" ;;
+    ncu)
+      ncu --target-processes all -k regex:"fwd_tc|bwd_" --launch-count 6 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
+      grep -E "fwd_tc|bwd_|Duration|Throughput|Achieved Occupancy|Warp Cycles Per Issued" \
+        "$OUT/ncu.txt" | head -n 80 ;;
+    *) echo "unknown stage $stage (check test bench hub profile ncu)"; status=2 ;;
+  esac
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "::: $stage took $((SECONDS - start)) s"
+done
+exit $status
