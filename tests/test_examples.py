@@ -19,6 +19,7 @@ CASES = {
     "02_alignment.py": ([], ["02_alignment.png"]),
     "03_contrastive_training.py": (["--compare"], ["03_contrastive_training.png"]),
     "04_memory.py": ([], ["04_memory.png"]),
+    "05_quantized_index.py": ([], ["05_quantized_index.png"]),
 }
 
 
@@ -52,6 +53,10 @@ def check_output(name, stdout):
         assert diff < 1e-3, stdout
     if name == "04_memory.py":
         assert "OOM" not in stdout and "wrote" in stdout, stdout
+    if name == "05_quantized_index.py":
+        for fmt in ("int8", "fp8_e4m3"):
+            overlap = float(re.search(rf"^{fmt}\s+\S+\s+(\S+)", stdout, re.M).group(1))
+            assert overlap >= 0.9, stdout
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
