@@ -37,7 +37,8 @@ from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, describe, setup  # noqa: E402
 
 SCHEMA = 1
-IMPL_ORDER = ["maxsim", "maxsim-autograd", "naive", "flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]
+IMPL_ORDER = ["maxsim", "maxsim-autograd", "naive", "flash-maxsim", "flash-maxsim-fused",
+              "late-interaction-kernels"]
 DTYPE_ORDER = ["fp16", "bf16", "fp32"]
 
 

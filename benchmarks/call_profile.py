@@ -76,7 +76,8 @@ def main(argv=None):
     impls = [i for i in impls if i.unavailable() is None]
     dev = torch.device("cuda")
     rows = []
-    print(f"{'workload':16} {'impl':26} {'loop us':>8} {'host us':>8} {'gpu us':>8} {'launches':>8}")
+    print(f"{'workload':16} {'impl':26} {'loop us':>8} {'host us':>8} {'gpu us':>8} "
+          f"{'launches':>8}")
     for name in names:
         wl = BY_NAME[name]
         dtype = args.dtype if args.dtype in wl.dtypes else wl.dtypes[0]

@@ -1,7 +1,9 @@
 """Builds the CUDA ops straight from the sources and checks them against a float64 reference of
-the op contract (docs/ARCHITECTURE.md), then times the main workloads. Runs on a GPU machine:
+the op contract (docs/ARCHITECTURE.md). Runs on a GPU machine:
 
-    python scripts/gpu_check.py [--bench] [--sanitize]
+    python scripts/gpu_check.py [--profile-run]
+
+Timings live in benchmarks/ (bench.py, call_profile.py); scripts/gpu_check.sh runs them all.
 """
 import argparse
 import os
@@ -143,7 +145,8 @@ def check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, nd_or_group, packed_q, pa
     err = rel(s.flatten(), rs)
     tol = 1e-5
     ok = err <= tol and (not argmax or torch.equal(a.reshape(ra.shape), ra))
-    msg = f"layout={layout} {str(dtype)[6:]} D={D} Lq={Lq} Ld={Ld} nq={nq} g={g} pq={packed_q} pd={packed_d} m={masks} am={argmax}: err={err:.2e}"
+    msg = (f"layout={layout} {str(dtype)[6:]} D={D} Lq={Lq} Ld={Ld} nq={nq} g={g} "
+           f"pq={packed_q} pd={packed_d} m={masks} am={argmax}: err={err:.2e}")
     if not ok:
         bad = (a.reshape(ra.shape) != ra).sum().item() if argmax else 0
         print("FAIL", msg, f"argmax mismatches={bad}", flush=True)
@@ -175,8 +178,8 @@ def run_checks(ops):
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for layout in (ALL, GROUPED, PAIRS):
             for (D, Lq, Ld) in ((128, 32, 180), (64, 17, 65), (128, 128, 300), (24, 31, 33),
-                                (100, 5, 40), (256, 40, 129), (128, 300, 70), (8, 1, 1), (520, 5, 20),
-                                (128, 32, 1030), (64, 40, 600)):
+                                (100, 5, 40), (256, 40, 129), (128, 300, 70), (8, 1, 1),
+                                (520, 5, 20), (128, 32, 1030), (64, 40, 600)):
                 for packed in ((False, False), (True, True), (False, True)):
                     cases.append((layout, dtype, D, Lq, Ld, packed))
     for (layout, dtype, D, Lq, Ld, (pq_, pd_)) in cases:
@@ -192,101 +195,10 @@ def run_checks(ops):
             n += 1
             n_ok += check_case(ops, rng, ALL, dtype, 128, Lq, Ld, nq, 11, False, False, True)
             n += 1
-            n_ok += check_case(ops, rng, ALL, dtype, 128, Lq, Ld, nq, 11, False, False, False, argmax=False)
+            n_ok += check_case(ops, rng, ALL, dtype, 128, Lq, Ld, nq, 11, False, False, False,
+                               argmax=False)
     print(f"checks: {n_ok}/{n} passed in {time.time() - t:.1f} s", flush=True)
     return n_ok == n
-
-
-# ---------------------------------------------------------------- quick timings
-def bench(ops):
-    def timeit(fn, reps=50):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-            a.record(); fn(); b.record(); b.synchronize()
-            ts.append(a.elapsed_time(b))
-        ts.sort()
-        return ts[len(ts) // 2]
-
-    x = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    bw = 2 * x.numel() / timeit(lambda: y.copy_(x), 20) / 1e6  # GB/s
-    A = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    tf = 2 * 8192 ** 3 / timeit(lambda: A @ A, 10) / 1e9  # TFLOP/s
-    del x, y, A
-    print(f"ceilings: {bw:.0f} GB/s, {tf:.0f} TFLOP/s fp16", flush=True)
-
-    def norm(t):
-        return torch.nn.functional.normalize(t.float(), dim=-1).to(t.dtype)
-
-    rows = []
-    for name, B, K, Lq, Ld in (("rerank", 32, 50, 32, 180), ("rerank_heavy", 32, 100, 32, 256),
-                               ("rerank_colpali", 8, 100, 32, 1024)):
-        for dtype in (torch.float16, torch.bfloat16):
-            nbuf = 3
-            Qs = [norm(torch.randn(B, Lq, 128, device="cuda", dtype=dtype)) for _ in range(nbuf)]
-            Ds = [norm(torch.randn(B * K, Ld, 128, device="cuda", dtype=dtype)) for _ in range(nbuf)]
-            lens = [torch.randint(Ld // 2, Ld + 1, (B * K,), device="cuda", dtype=torch.int32) for _ in range(nbuf)]
-            it = [0]
-            def run():
-                i = it[0] % nbuf; it[0] += 1
-                return ops.fwd(Qs[i], Ds[i], None, None, None, None, lens[i], None, None, None, GROUPED, K, Lq, False, False)
-            ms = timeit(run)
-            masks = [torch.arange(Ld, device="cuda")[None, :] < l[:, None] for l in lens]
-            def run_masked():
-                i = it[0] % nbuf; it[0] += 1
-                return ops.fwd(Qs[i], Ds[i], None, None, None, None, None, masks[i], None, None, GROUPED, K, Lq, False, False)
-            print(f"{name} {str(dtype)[6:]}: lengths {ms:.4f} ms, masks {timeit(run_masked):.4f} ms", flush=True)
-            byts = B * Lq * 128 * 2 + sum(1 for _ in [0]) * B * K * Ld * 128 * 2 + B * K * 4
-            flops = 2 * B * K * Lq * Ld * 128
-            floor = max(byts / bw / 1e6, flops / tf / 1e9)
-            def naive():
-                i = 0
-                Dv = Ds[i].view(B, K, Ld, 128)
-                sim = torch.einsum("bqh,bkdh->bkqd", Qs[i].float(), Dv.float())
-                valid = torch.arange(Ld, device="cuda")[None, :] < lens[i][:, None]
-                sim = sim.masked_fill(~valid.view(B, K, 1, Ld), float("-inf"))
-                return sim.max(-1).values.sum(-1)
-            ms_naive = timeit(naive, 10)
-            rows.append((name, str(dtype)[6:], ms, floor, ms_naive))
-    for name, nq, nd, Lq, Ld in (("corpus", 16, 10000, 32, 1024), ("allpairs_large", 128, 128, 128, 1024)):
-        for dtype in (torch.float16, torch.bfloat16):
-            Q = norm(torch.randn(nq, Lq, 128, device="cuda", dtype=dtype))
-            Dm = norm(torch.randn(nd, Ld, 128, device="cuda", dtype=dtype))
-            ms = timeit(lambda: ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, False, False), 20)
-            flops = 2 * nq * nd * Lq * Ld * 128
-            byts = (Q.numel() + Dm.numel()) * 2 + nq * nd * 4
-            floor = max(byts / bw / 1e6, flops / tf / 1e9)
-            rows.append((name, str(dtype)[6:], ms, floor, float("nan")))
-            del Dm
-    # training step, all pairs
-    for name, n, Lq, Ld, dtype in (("train_small", 32, 32, 80, torch.float16), ("train_medium", 64, 32, 128, torch.float16),
-                                   ("train_colpali", 128, 128, 1024, torch.bfloat16)):
-        Q = norm(torch.randn(n, Lq, 128, device="cuda", dtype=dtype))
-        Dm = norm(torch.randn(n, Ld, 128, device="cuda", dtype=dtype))
-        tgt = torch.arange(n, device="cuda")
-        def step():
-            s, a = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, True, False)
-            s = s.requires_grad_()
-            loss = torch.nn.functional.cross_entropy(s, tgt)
-            (g,) = torch.autograd.grad(loss, s)
-            return ops.bwd(g, Q, Dm, a, None, None, None, None, ALL, 0)
-        ms = timeit(step, 30)
-        s0, a0 = ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, True, False)
-        g0 = torch.randn_like(s0)
-        ms_f = timeit(lambda: ops.fwd(Q, Dm, None, None, None, None, None, None, None, None, ALL, 0, Lq, True, False), 30)
-        ms_b = timeit(lambda: ops.bwd(g0, Q, Dm, a0, None, None, None, None, ALL, 0), 30)
-        print(f"{name}: fwd+argmax {ms_f:.3f} ms, bwd {ms_b:.3f} ms", flush=True)
-        flops = 2 * n * n * Lq * Ld * 128 + 4 * n * n * Lq * 128
-        byts = 2 * (Q.numel() + Dm.numel()) * 2
-        floor = max(byts / bw / 1e6, flops / tf / 1e9)
-        rows.append((name, str(dtype)[6:], ms, floor, float("nan")))
-    print(f"{'workload':16s} {'dtype':9s} {'ms':>8s} {'x floor':>8s} {'naive ms':>9s}")
-    for r in rows:
-        print(f"{r[0]:16s} {r[1]:9s} {r[2]:8.3f} {r[2] / r[3]:8.2f} {r[4]:9.3f}")
 
 
 def profile_run(ops):
@@ -312,9 +224,9 @@ def profile_run(ops):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--profile-run", action="store_true", help="one call of each heavy kernel, for ncu")
+    ap.add_argument("--profile-run", action="store_true",
+                    help="one call of each heavy kernel, for ncu")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda, flush=True)
     ops = build()
@@ -322,6 +234,4 @@ if __name__ == "__main__":
         profile_run(ops)
         sys.exit(0)
     ok = True if args.no_check else run_checks(ops)
-    if args.bench:
-        bench(ops)
     sys.exit(0 if ok else 1)

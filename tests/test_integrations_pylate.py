@@ -295,7 +295,7 @@ def sentences(n, seed, punctuation=True):
 
 def features(model, n_queries, n_docs_per_query):
     def on_device(batch):  # tokenize returns CPU tensors; the training loop moves them
-        return {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     q = on_device(model.tokenize(sentences(n_queries, 1, punctuation=False), is_query=True))
     docs = on_device(model.tokenize(sentences(n_queries * n_docs_per_query, 2), is_query=False))

@@ -4,7 +4,7 @@ quantized input exactly as float64 arithmetic on its dequantized values."""
 import maxsim
 import pytest
 import torch
-from conftest import random_lengths, values
+from conftest import random_lengths
 
 FORMATS = ["int8", "fp8_e4m3"]
 

@@ -51,7 +51,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(backend_device):
 
 def test_gradcache_chunked_loss_equals_the_full_loss(backend_device):
     """GradCache / PyLate's CachedContrastive: embeddings are cached without grad, the loss is
-    taken over query chunks against all documents, and the chunk gradients add up to the full one."""
+    taken over query chunks against all documents; the chunk gradients add up to the full one."""
     backend, device = backend_device
     Q, D = values((6, 5, 16), torch.float32, device), values((9, 7, 16), torch.float32, device)
     targets = torch.tensor([0, 3, 2, 8, 4, 1], device=device)

@@ -5,8 +5,6 @@ two backward kernels, with a single autograd node per op.
 
 import math
 
-import torch
-
 from . import validation as check
 from .dispatch import select_ops
 from .native import maxsim, padded_sets
