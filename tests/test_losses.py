@@ -159,3 +159,30 @@ def test_step_on_grouped_candidates(backend_device):
     ref.backward()
     assert torch.allclose(loss, ref, rtol=1e-6)
     assert torch.allclose(dq, q.grad, atol=1e-6) and torch.allclose(dd, d.grad, atol=1e-6)
+
+
+def test_step_with_masks_and_lengths_equals_the_autograd_loss(backend_device):
+    backend, device = backend_device
+    Q = values((4, 6, 16), torch.float32, device)
+    D = values((4, 3, 9, 16), torch.float32, device)
+    q_mask = torch.rand(4, 6, device=device) > 0.3
+    d_mask = torch.rand(4, 3, 9, device=device) > 0.2
+    d_len = torch.randint(0, 10, (4, 3), device=device)
+    q_len = torch.randint(1, 7, (4,), device=device, dtype=torch.int32)
+    targets = torch.tensor([2, 0, 1, 1], device=device, dtype=torch.int32)
+    kw = dict(q_lengths=q_len, d_lengths=d_len, targets=targets, temperature=0.3, backend=backend)
+    loss, dq, dd = maxsim.contrastive_step(Q, D, q_mask, d_mask, **kw)
+    q, d = leaves(Q, D)
+    ref = maxsim.contrastive_loss(q, d, q_mask, d_mask, **kw)
+    ref.backward()
+    assert torch.equal(loss, ref.detach())
+    assert torch.equal(dq, q.grad) and torch.equal(dd, d.grad)
+
+
+def test_no_queries_give_a_nan_loss_and_empty_gradients(backend_device):
+    backend, device = backend_device
+    Q = values((0, 5, 8), torch.float32, device)
+    D = values((3, 4, 8), torch.float32, device)
+    loss, dq, dd = maxsim.contrastive_step(Q, D, backend=backend)
+    assert torch.isnan(loss) and dq.shape == Q.shape
+    assert torch.equal(dd, torch.zeros_like(D))
