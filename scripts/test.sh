@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_setup_venv.sh
-python -m pytest tests -q "$@"
+python -m pytest -q "$@"   # testpaths: tests/ and benchmarks/ (pyproject.toml)
 if [ -d .venv/st6 ]; then  # sentence-transformers 6, kept apart from PyLate's pinned 5
   PYTHONPATH=".venv/st6${PYTHONPATH:+:$PYTHONPATH}" \
     python -m pytest tests/test_integrations_sentence_transformers.py -q "$@"
