@@ -112,6 +112,12 @@ def _print(report, file):
             continue
         for dtype, (backend, why) in by_dtype.items():
             print(f"    {dtype:<9} {backend}: {why.splitlines()[0]}", file=file)
+    print(
+        "  training losses (contrastive_loss, contrastive_step): the forward above with argmax,\n"
+        "    then the fused loss and the backward, on the same backend\n"
+        "  quantized inputs (QuantizedTokens): dequantized to fp32, then the float32 path above",
+        file=file,
+    )
 
 
 if __name__ == "__main__":
