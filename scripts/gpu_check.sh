@@ -2,11 +2,14 @@
 # Everything a GPU machine runs, in one call: build + kernel checks, the test suite, the
 # benchmark, the hub-variant check, the call profile, an ncu summary. Logs and results go to $OUT.
 #
-#   bash scripts/gpu_check.sh [stage ...]      stages: check test bench hub profile ncu
+#   bash scripts/gpu_check.sh [stage ...]      stages: check test integ bench hub profile ncu
 #                                             (default: check test bench)
 #
-# Peer and helper wheels placed in .whl/ are installed into /tmp/site first. The benchmark takes
-# its commit from MAXSIM_COMMIT / MAXSIM_DIRTY when set (a copied tree's .git may be stale).
+# Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
+# wheels in .whl/pylate/ (PyLate and what it needs beyond the machine's packages, colpali-engine)
+# into /tmp/integ and runs those integration tests plus the PyLate training-step timing. The
+# benchmark takes its commit from MAXSIM_COMMIT / MAXSIM_DIRTY when set (a copied tree's .git
+# may be stale).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim_out}
@@ -28,6 +31,16 @@ for stage in "${stages[@]}"; do
     test)
       python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/test_integrations_pylate.py \
         --ignore=tests/test_integrations_colpali.py 2>&1 | tail -n 30 | tee "$OUT/pytest.log" ;;
+    integ)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/integ .whl/pylate/*.whl
+      PYTHONPATH="/tmp/integ:$PYTHONPATH" python3 -m pytest -q -p no:cacheprovider \
+        tests/test_integrations_pylate.py tests/test_integrations_colpali.py 2>&1 | tail -n 15 \
+        | tee "$OUT/integ.log"
+      python3 -m pytest -q -p no:cacheprovider tests/test_integrations_sentence_transformers.py \
+        2>&1 | tail -n 5 | tee -a "$OUT/integ.log"
+      PYTHONPATH="/tmp/integ:$PYTHONPATH" python3 benchmarks/pylate_step.py \
+        --out "$OUT/pylate_step.json" 2>&1 | tail -n 6 | tee -a "$OUT/integ.log" ;;
     bench) python3 benchmarks/bench.py --out "$OUT/bench.json" 2>&1 | tail -n 80 | tee "$OUT/bench.log" ;;
     hub) python3 scripts/hub_check.py --build 2>&1 | grep -v "warning" | tail -n 20 | tee "$OUT/hub.log" ;;
     profile) python3 benchmarks/call_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" ;;
@@ -37,7 +50,7 @@ for stage in "${stages[@]}"; do
         python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
       grep -E "fwd_tc|bwd_|Duration|Throughput|Achieved Occupancy|Warp Cycles Per Issued" \
         "$OUT/ncu.txt" | head -n 80 ;;
-    *) echo "unknown stage $stage (check test bench hub profile ncu)"; status=2 ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu)"; status=2 ;;
   esac
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "::: $stage took $((SECONDS - start)) s"
