@@ -465,7 +465,10 @@ def main(argv=None):
                 free(device)
                 floor = floor_ms(case.kind.work(case.params, case.meta, case.dtype), dt, ceilings)
                 for impl in usable:
-                    if case.kind.name not in impl.kinds:
+                    if case.kind.name not in impl.kinds:  # recorded, so every impl has a row
+                        rows.append({**row_skeleton(case, impl, floor), "status": "unsupported",
+                                     "note": f"{impl.name} covers {', '.join(impl.kinds)} "
+                                             f"workloads only"})
                         continue
                     t_row = time.perf_counter()
                     row = run_row(case, impl, ref, floor, device, args, state)
