@@ -22,10 +22,27 @@ class Impl:
     name = ""
     peer = False
     kinds: tuple = ("rerank", "allpairs", "varlen", "train")
+    module = ""  # the package this implementation imports, on first use ("" for none)
+
+    def _import(self):
+        return importlib.import_module(self.module)
+
+    @property
+    def mod(self):
+        """The imported package, or None (the failure is kept for ``unavailable``)."""
+        if self.module and not hasattr(self, "_mod"):
+            self._mod, self._err = None, None
+            try:
+                self._mod = self._import()
+            except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+                self._err = f"{type(e).__name__}: {e}"
+        return getattr(self, "_mod", None)
 
     def unavailable(self) -> str | None:
         """None when usable here, else why not (its rows are then left out)."""
-        return None
+        if not self.module or self.mod is not None:
+            return None
+        return f"cannot import {self.module} ({self._err})"
 
     def version(self) -> str | None:
         return None
@@ -64,23 +81,13 @@ class Maxsim(Impl):
     Train rows run ``contrastive_step`` (loss and both gradients from one op, no autograd)."""
 
     name = "maxsim"
+    module = "maxsim"
 
     def __init__(self, backend="auto"):
         self.backend = backend
-        self._mod = None
-        self._err = None
 
-    @property
-    def mod(self):
-        if self._mod is None and self._err is None:
-            try:
-                self._mod = _import_maxsim()
-            except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-                self._err = f"{type(e).__name__}: {e}"
-        return self._mod
-
-    def unavailable(self):
-        return None if self.mod is not None else f"cannot import maxsim ({self._err})"
+    def _import(self):
+        return _import_maxsim()
 
     def version(self):
         return getattr(self.mod, "__version__", None)

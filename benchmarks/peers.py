@@ -7,7 +7,6 @@ queries, say) is inside the timed call."""
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
 
 from impls import Impl
@@ -23,24 +22,7 @@ def _dist_version(dist: str) -> str | None:
 
 class _Peer(Impl):
     peer = True
-    module = ""
     dist = ""
-
-    def __init__(self):
-        self._mod = None
-        self._err = None
-
-    @property
-    def mod(self):
-        if self._mod is None and self._err is None:
-            try:
-                self._mod = importlib.import_module(self.module)
-            except Exception as e:  # noqa: BLE001 - any import failure means "not installed"
-                self._err = f"{type(e).__name__}: {e}"
-        return self._mod
-
-    def unavailable(self):
-        return None if self.mod is not None else f"cannot import {self.module} ({self._err})"
 
     def version(self):
         return _dist_version(self.dist)

@@ -191,14 +191,27 @@ def _esize(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-class Rerank(Kind):
-    """Per-query candidates, padded: Q [B, Lq, H] x D [B, K, Ld, H] -> [B, K]."""
+class _PaddedDocs(Kind):
+    """Padded queries against padded documents with prefix lengths. Subclasses name the query
+    count and the leading document shape: [Nd] (every query with every document) or [B, K]
+    (each query with its own K candidates, ``grouped``)."""
 
-    name = "rerank"
+    grouped = False
+
+    def n_queries(self, p) -> int:
+        raise NotImplementedError
+
+    def doc_shape(self, p) -> tuple:
+        raise NotImplementedError
+
+    def n_pairs(self, p) -> int:
+        docs = math.prod(self.doc_shape(p))
+        return docs if self.grouped else self.n_queries(p) * docs
 
     def make_meta(self, p, cpu_gen, device):
-        B, K, Ld = p["B"], p["K"], p["Ld"]
-        d_len = _lengths(B * K, p.get("Ld_min", max(1, Ld // 2)), Ld, cpu_gen).view(B, K)
+        shape, Ld = self.doc_shape(p), p["Ld"]
+        d_len = _lengths(math.prod(shape), p.get("Ld_min", max(1, Ld // 2)), Ld, cpu_gen)
+        d_len = d_len.view(shape)
         return {
             "d_len": d_len.to(device=device, dtype=torch.int32),
             "d_mask": _prefix_mask(d_len, Ld).to(device),
@@ -207,64 +220,53 @@ class Rerank(Kind):
 
     def make_set(self, p, meta, dtype, gen, device):
         return {
-            "Q": tokens((p["B"], p["Lq"], H), dtype, gen, device),
-            "D": tokens((p["B"], p["K"], p["Ld"], H), dtype, gen, device),
+            "Q": tokens((self.n_queries(p), p["Lq"], H), dtype, gen, device),
+            "D": tokens((*self.doc_shape(p), p["Ld"], H), dtype, gen, device),
         }
 
     def work(self, p, meta, dtype):
-        e = _esize(dtype)
+        nq, e = self.n_queries(p), _esize(dtype)
+        queries_per_doc = 1 if self.grouped else nq
         return Work(
-            bytes=(p["B"] * p["Lq"] + meta["valid_d"]) * H * e + p["B"] * p["K"] * 4,
-            flops=2.0 * H * p["Lq"] * meta["valid_d"],
+            bytes=(nq * p["Lq"] + meta["valid_d"]) * H * e + self.n_pairs(p) * 4,
+            flops=2.0 * H * queries_per_doc * p["Lq"] * meta["valid_d"],
         )
 
     def reference(self, s, meta):
-        return {"scores": ref_grouped(s["Q"], s["D"], None, meta["d_mask"]).cpu()}
+        ref = ref_grouped if self.grouped else ref_allpairs
+        return {"scores": ref(s["Q"], s["D"], None, meta["d_mask"]).cpu()}
 
     def naive(self, s, meta):
-        Q, D, dm = s["Q"], s["D"], meta["d_mask"]
-        return lambda: padded_scores(Q, D, None, dm, grouped=True)
+        Q, D, dm, grouped = s["Q"], s["D"], meta["d_mask"], self.grouped
+        return lambda: padded_scores(Q, D, None, dm, grouped=grouped)
 
     def naive_bytes(self, p, meta, dtype):
-        return 2.0 * p["B"] * p["K"] * p["Lq"] * p["Ld"] * _esize(dtype)
+        return 2.0 * self.n_pairs(p) * p["Lq"] * p["Ld"] * _esize(dtype)
 
 
-class AllPairs(Kind):
+class Rerank(_PaddedDocs):
+    """Per-query candidates, padded: Q [B, Lq, H] x D [B, K, Ld, H] -> [B, K]."""
+
+    name = "rerank"
+    grouped = True
+
+    def n_queries(self, p):
+        return p["B"]
+
+    def doc_shape(self, p):
+        return (p["B"], p["K"])
+
+
+class AllPairs(_PaddedDocs):
     """Every query with every document, padded: Q [Nq, Lq, H] x D [Nd, Ld, H] -> [Nq, Nd]."""
 
     name = "allpairs"
 
-    def make_meta(self, p, cpu_gen, device):
-        Nd, Ld = p["Nd"], p["Ld"]
-        d_len = _lengths(Nd, p.get("Ld_min", max(1, Ld // 2)), Ld, cpu_gen)
-        return {
-            "d_len": d_len.to(device=device, dtype=torch.int32),
-            "d_mask": _prefix_mask(d_len, Ld).to(device),
-            "valid_d": int(d_len.sum()),
-        }
+    def n_queries(self, p):
+        return p["Nq"]
 
-    def make_set(self, p, meta, dtype, gen, device):
-        return {
-            "Q": tokens((p["Nq"], p["Lq"], H), dtype, gen, device),
-            "D": tokens((p["Nd"], p["Ld"], H), dtype, gen, device),
-        }
-
-    def work(self, p, meta, dtype):
-        e = _esize(dtype)
-        return Work(
-            bytes=(p["Nq"] * p["Lq"] + meta["valid_d"]) * H * e + p["Nq"] * p["Nd"] * 4,
-            flops=2.0 * H * p["Nq"] * p["Lq"] * meta["valid_d"],
-        )
-
-    def reference(self, s, meta):
-        return {"scores": ref_allpairs(s["Q"], s["D"], None, meta["d_mask"]).cpu()}
-
-    def naive(self, s, meta):
-        Q, D, dm = s["Q"], s["D"], meta["d_mask"]
-        return lambda: padded_scores(Q, D, None, dm)
-
-    def naive_bytes(self, p, meta, dtype):
-        return 2.0 * p["Nq"] * p["Nd"] * p["Lq"] * p["Ld"] * _esize(dtype)
+    def doc_shape(self, p):
+        return (p["Nd"],)
 
 
 class Varlen(Kind):
