@@ -37,12 +37,12 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
     if isinstance(Q, QuantizedTokens):
         Q = Q.dequantize()
     quantized = isinstance(corpus, QuantizedTokens)
-    if quantized:
-        check.embeddings("corpus", corpus.codes.float()[:0], ("Nd", "Ld", "H"))
+    if quantized:  # checked through an empty fp32 stand-in: nothing is dequantized up front
+        check.embeddings("corpus", corpus.codes[:0].float(), ("Nd", "Ld", "H"))
         Q = Q.float() if isinstance(Q, torch.Tensor) and Q.is_floating_point() else Q
-    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
-    if not quantized:
+    else:
         corpus = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
+    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
     check.same_space("Q", Q, "corpus", corpus.codes[:0].float() if quantized else corpus)
     nq, lq = Q.shape[:2]
     nd = corpus.size(0)
