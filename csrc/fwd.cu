@@ -166,7 +166,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   if (plan.tile != Tile::kLarge && plan.grid.m_tiles == 1) {
     // Streaming short queries (memory-bound): at least ~8 waves of small blocks, so that the
     // last wave's tail is short. Padded documents too few for that are cut into column slices
-    // of >= 2 tiles each, merged by a second kernel.
+    // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only).
     const int bn = 64;  // kSmall and kMedium stream 64-token tiles
     const int per_sm = plan.tile == Tile::kSmall ? resident_blocks<Tile::kSmall>(p, dtype)
                                                  : resident_blocks<Tile::kMedium>(p, dtype);

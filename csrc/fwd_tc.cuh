@@ -33,6 +33,9 @@ struct FwdTC {
   static constexpr int kThreads = WM * WN * 32;
   static constexpr int kWarpRows = BM / WM, kWarpCols = BN / WN;
   static constexpr int MT = kWarpRows / 16, NT = kWarpCols / 8;
+  // Only the 4-warp streaming tiles cut documents into column slices (FwdGrid::splits); the
+  // 8-warp compute tile never does, and its registers have no room for the slice bookkeeping.
+  static constexpr bool kSliced = WM * WN == 4;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
   static int ld(int dim) { return (dim + 15) / 16 * 16 + 8; }  // +8 halves: conflict-free ldmatrix
@@ -70,9 +73,10 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   const int warp_m = warp / WN, warp_n = warp % WN;
 
   // ---- what this block owns
+  const int splits = Cfg::kSliced ? grid.splits : 1;
   const int qtile = blockIdx.x % grid.q_tiles;
-  const int split = (blockIdx.x / grid.q_tiles) % grid.splits;
-  const int chunk = blockIdx.x / grid.q_tiles / grid.splits;
+  const int split = (blockIdx.x / grid.q_tiles) % splits;
+  const int chunk = blockIdx.x / grid.q_tiles / splits;
   const int mt = qtile % grid.m_tiles;
   const int num_q = p.q.count, num_d = p.d.count;
   const PairMap& pm = p.pairs;
@@ -132,17 +136,16 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 
   auto span_of = [&](const Segment& g) {
     const int tiles = max(1, (g.len + BN - 1) / BN);
-    if (grid.splits == 1) return TileSpan{0, tiles, g.len};
-    const int per = (tiles + grid.splits - 1) / grid.splits;
+    if (splits == 1) return TileSpan{0, tiles, g.len};
+    const int per = (tiles + splits - 1) / splits;
     const int begin = split * per, end = min(tiles, begin + per);
     return begin < end ? TileSpan{begin, end, min(g.len, end * BN)} : TileSpan{0, 1, 0};
   };
 
   // ---- producer: walks (item, tile) ahead of the consumer
   int p_item = item_begin;
-  TileSpan p_span = span_of(segment_of(p.d, item_doc(p_item)));
   Segment p_seg = segment_of(p.d, item_doc(p_item));
-  int p_tile = p_span.begin;
+  int p_tile = span_of(p_seg).begin;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
   const int chunks_p2 = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
   const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
@@ -158,6 +161,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   auto issue = [&](int stage) {
     if (p_item < item_end) {
       const int doc = item_doc(p_item);
+      const TileSpan p_span = span_of(p_seg);  // recomputed: cheaper than a live register
       if (p.d.mask != nullptr) {
         const int s = p_tile * BN + tid;
         mask_reg = tid < BN && s < p_span.cols ? p.d.mask[p_seg.first_row + s] : false;
@@ -175,11 +179,8 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         }
       }
       if (++p_tile == p_span.end) {
-        if (++p_item < item_end) {
-          p_seg = segment_of(p.d, item_doc(p_item));
-          p_span = span_of(p_seg);
-        }
-        p_tile = p_span.begin;
+        if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
+        p_tile = span_of(p_seg).begin;
       }
     }
     cp_async_commit();  // empty groups keep the wait counts uniform
@@ -318,27 +319,6 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       __syncthreads();
       const int qfirst = pm.layout == kPairs ? loaded_q : q0;
       for (int r = tid; r < BM; r += Cfg::kThreads) {
-        if (grid.splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
-          float v = red_v[r];
-          int i = red_i[r];
-#pragma unroll
-          for (int w = 1; w < WN; ++w) {
-            const float ov = red_v[w * BM + r];
-            if constexpr (kArgmax) {
-              const int oi = red_i[w * BM + r];
-              if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
-            } else {
-              v = max_nan(v, ov);
-            }
-          }
-          if (r < p.max_lq) {
-            const size_t at = (size_t(item_out(c_item, qfirst)) * grid.splits + split) * p.max_lq + r;
-            p.partial[at] = v;
-            if constexpr (kArgmax)
-              reinterpret_cast<int*>(p.partial)[size_t(pm.num_pairs) * grid.splits * p.max_lq + at] = i;
-          }
-          continue;
-        }
         float v = red_v[r];
         int i = red_i[r];
 #pragma unroll
@@ -351,6 +331,15 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
             v = max_nan(v, ov);
           }
         }
+        if (splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
+          if (r < p.max_lq) {
+            const size_t at = (size_t(item_out(c_item, qfirst)) * splits + split) * p.max_lq + r;
+            p.partial[at] = v;
+            if constexpr (kArgmax)
+              reinterpret_cast<int*>(p.partial)[size_t(pm.num_pairs) * splits * p.max_lq + at] = i;
+          }
+          continue;
+        }
         const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
         const bool valid = row_ok[r];
         if constexpr (kArgmax) {
@@ -361,7 +350,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         row_val[r] = valid && found ? v : 0.f;
       }
       __syncthreads();
-      for (int ql = warp; grid.splits == 1 && ql < grid.qpb; ql += WM * WN) {
+      for (int ql = warp; splits == 1 && ql < grid.qpb; ql += WM * WN) {
         const int qi = qfirst + ql;
         float s = 0.f;
         for (int r = ql * rpq + lane; r < min(BM, (ql + 1) * rpq); r += 32) s += row_val[r];
