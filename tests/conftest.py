@@ -54,6 +54,34 @@ def _backend_params():
 
 BACKEND_PARAMS = _backend_params()
 
+# The integration tests: devices (CUDA skipped without a GPU) and the tolerance of fp32 results.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"),
+        ],
+    ),
+]
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def unpatched_around_each_test(integration):
+    """An autouse fixture for a test module of ``integration``: the switch off, a fixed seed, and
+    the library unpatched before and after every test."""
+
+    @pytest.fixture(autouse=True)
+    def clean_patch(monkeypatch):
+        monkeypatch.delenv("MAXSIM_DISABLE", raising=False)
+        torch.manual_seed(0)
+        integration.unpatch()
+        yield
+        integration.unpatch()
+
+    return clean_patch
+
 
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend_device(request):

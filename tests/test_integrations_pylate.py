@@ -13,30 +13,12 @@ import pylate.evaluation.colbert_triplet  # noqa: E402
 import pylate.losses.distillation  # noqa: E402
 import pylate.rank.rank  # noqa: E402
 import pylate.scores.similarity_functions  # noqa: E402
+from conftest import DEVICES, TOL, unpatched_around_each_test  # noqa: E402
 from maxsim.integrations import UnsupportedVersionError  # noqa: E402
 from maxsim.integrations import pylate as integration  # noqa: E402
 from pylate import losses, models, rank, scores  # noqa: E402
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.cuda,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"),
-        ],
-    ),
-]
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(autouse=True)
-def clean_patch(monkeypatch):
-    monkeypatch.delenv("MAXSIM_DISABLE", raising=False)
-    torch.manual_seed(0)
-    integration.unpatch()
-    yield
-    integration.unpatch()
+clean_patch = unpatched_around_each_test(integration)
 
 
 @pytest.fixture

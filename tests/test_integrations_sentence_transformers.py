@@ -8,6 +8,7 @@ import torch
 
 st_package = pytest.importorskip("sentence_transformers")
 
+from conftest import DEVICES, TOL, unpatched_around_each_test  # noqa: E402
 from maxsim.integrations import UnsupportedVersionError  # noqa: E402
 from maxsim.integrations import sentence_transformers as integration  # noqa: E402
 
@@ -16,26 +17,7 @@ needs_multi_vector = pytest.mark.skipif(
     not HAS_MULTI_VECTOR, reason=f"sentence-transformers {st_package.__version__} < 6.0"
 )
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.cuda,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"),
-        ],
-    ),
-]
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(autouse=True)
-def clean_patch(monkeypatch):
-    monkeypatch.delenv("MAXSIM_DISABLE", raising=False)
-    torch.manual_seed(0)
-    integration.unpatch()
-    yield
-    integration.unpatch()
+clean_patch = unpatched_around_each_test(integration)
 
 
 @pytest.fixture
