@@ -9,7 +9,7 @@ extension itself (a call that needs no gradient then never enters Python below t
 import torch
 
 from ._ops import load_cuda_ops
-from .registry import register_autograd, register_fakes, torch_ops
+from .registry import register_fakes, torch_ops
 from .validation import TokenSet
 
 BACKENDS = ("auto", "cuda", "torch")
@@ -24,8 +24,6 @@ def _load_cuda():
         # A second copy of this package in the process finds the fake kernels already there.
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Meta"):
             register_fakes(namespace)
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Autograd"):
-            register_autograd(namespace)  # an extension built before the C++ formula existed
     return ops, reason
 
 

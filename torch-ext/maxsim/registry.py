@@ -125,23 +125,21 @@ def register_fakes(namespace: str) -> None:
     """Register the fake kernels of ``fwd`` / ``bwd`` / ``ce`` on ``namespace``."""
     torch.library.register_fake(f"{namespace}::fwd", _fwd_fake)
     torch.library.register_fake(f"{namespace}::bwd", _bwd_fake)
-    if hasattr(getattr(torch.ops, namespace), "ce"):  # builds of older sources lack these
-        torch.library.register_fake(f"{namespace}::ce", _ce_fake)
-        torch.library.register_fake(f"{namespace}::contrastive_step", _step_fake)
+    torch.library.register_fake(f"{namespace}::ce", _ce_fake)
+    torch.library.register_fake(f"{namespace}::contrastive_step", _step_fake)
 
 
 def register_autograd(namespace: str) -> None:
-    """Register the autograd formula of ``fwd`` on ``namespace`` (the CUDA extension carries
-    the same formula in C++)."""
+    """Register the autograd formulas of ``fwd`` and ``ce`` on ``namespace`` (the CUDA extension
+    registers the same formulas in C++)."""
     torch.library.register_autograd(
         f"{namespace}::fwd",
         _backward_through(getattr(torch.ops, namespace)),
         setup_context=_setup_context,
     )
-    if hasattr(getattr(torch.ops, namespace), "ce"):
-        torch.library.register_autograd(
-            f"{namespace}::ce", _ce_backward, setup_context=_ce_setup_context
-        )
+    torch.library.register_autograd(
+        f"{namespace}::ce", _ce_backward, setup_context=_ce_setup_context
+    )
 
 
 def _exact(fn):
