@@ -8,6 +8,8 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <tuple>
 
 #include "launch.h"
@@ -267,26 +269,14 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step(
 // ---- autograd, in C++: a call that needs no gradient pays only the dispatcher's check, and one
 // that does records a node whose backward runs `bwd` on the saved argmax. Both ops are reached
 // through the dispatcher, so fake tensors (torch.compile) take the same path.
-using FwdSig = decltype(fwd);
-using BwdSig = decltype(bwd);
-const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::fwd", "")
-                             .typed<FwdSig>();
-  return op;
-}
-const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::bwd", "")
-                             .typed<BwdSig>();
-  return op;
-}
 
-using CeSig = decltype(ce);
-const c10::TypedOperatorHandle<CeSig>& ce_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::ce", "")
-                             .typed<CeSig>();
+// The registered op of the implementation `kImpl` (named `name`), looked up once.
+template <auto kImpl>
+const auto& op_of(const char* name) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow((std::string(STRINGIFY(TORCH_EXTENSION_NAME) "::") + name).c_str(), "")
+          .typed<std::remove_pointer_t<decltype(kImpl)>>();
   return op;
 }
 
@@ -301,9 +291,9 @@ struct FwdGrad : torch::autograd::Function<FwdGrad> {
                                const OptTensor& pair_q, const OptTensor& pair_d, int64_t layout,
                                int64_t group, int64_t max_lq, bool with_argmax, bool tf32) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [scores, argmax] = fwd_op().call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths,
-                                          d_mask, pair_q, pair_d, layout, group, max_lq,
-                                          with_argmax, tf32);
+    auto [scores, argmax] =
+        op_of<&fwd>("fwd").call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
+                                pair_q, pair_d, layout, group, max_lq, with_argmax, tf32);
     ctx->mark_non_differentiable({argmax});
     ctx->set_materialize_grads(false);  // no zero-filled gradient for the argmax output
     ctx->save_for_backward({q, d, argmax, q_offsets.value_or(Tensor()), d_offsets.value_or(Tensor()),
@@ -322,10 +312,9 @@ struct FwdGrad : torch::autograd::Function<FwdGrad> {
     if (!grads[0].defined()) return out;  // nothing flowed into the scores
     const auto saved = ctx->get_saved_variables();
     auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
-    auto [dq, dd] = bwd_op().call(grads[0].to(at::kFloat).contiguous(), saved[0], saved[1], saved[2],
-                                  opt(saved[3]), opt(saved[4]), opt(saved[5]), opt(saved[6]),
-                                  ctx->saved_data["layout"].toInt(),
-                                  ctx->saved_data["group"].toInt());
+    auto [dq, dd] = op_of<&bwd>("bwd").call(
+        grads[0], saved[0], saved[1], saved[2], opt(saved[3]), opt(saved[4]), opt(saved[5]),
+        opt(saved[6]), ctx->saved_data["layout"].toInt(), ctx->saved_data["group"].toInt());
     if (ctx->needs_input_grad(0)) out[0] = dq;
     if (ctx->needs_input_grad(1)) out[1] = dd;
     return out;
@@ -340,8 +329,9 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& d, const 
                                         int64_t max_lq, bool with_argmax, bool tf32) {
   if (!(at::GradMode::is_enabled() && (q.requires_grad() || d.requires_grad()))) {
     at::AutoDispatchBelowADInplaceOrView below;
-    return fwd_op().call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q,
-                         pair_d, layout, group, max_lq, with_argmax, tf32);
+    return op_of<&fwd>("fwd").call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths,
+                                   d_mask, pair_q, pair_d, layout, group, max_lq, with_argmax,
+                                   tf32);
   }
   auto out = FwdGrad::apply(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
                             pair_q, pair_d, layout, group, max_lq, with_argmax, tf32);
@@ -353,7 +343,7 @@ struct CeGrad : torch::autograd::Function<CeGrad> {
   static variable_list forward(AutogradContext* ctx, const Tensor& scores, const OptTensor& targets,
                                double scale) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [loss, grad] = ce_op().call(scores, targets, scale);
+    auto [loss, grad] = op_of<&ce>("ce").call(scores, targets, scale);
     ctx->mark_non_differentiable({grad});
     ctx->set_materialize_grads(false);
     ctx->save_for_backward({grad});
@@ -369,7 +359,7 @@ struct CeGrad : torch::autograd::Function<CeGrad> {
 std::tuple<Tensor, Tensor> ce_autograd(const Tensor& scores, const OptTensor& targets, double scale) {
   if (!(at::GradMode::is_enabled() && scores.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView below;
-    return ce_op().call(scores, targets, scale);
+    return op_of<&ce>("ce").call(scores, targets, scale);
   }
   auto out = CeGrad::apply(scores, targets, scale);
   return {out[0], out[1]};
@@ -381,12 +371,10 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step_autograd(
     const OptTensor& q_mask, const OptTensor& d_offsets, const OptTensor& d_lengths,
     const OptTensor& d_mask, int64_t layout, int64_t group, int64_t max_lq,
     const OptTensor& targets, double scale) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow(STRINGIFY(TORCH_EXTENSION_NAME) "::contrastive_step", "")
-                             .typed<decltype(contrastive_step)>();
   at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout, group,
-                 max_lq, targets, scale);
+  return op_of<&contrastive_step>("contrastive_step").call(
+      q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout, group, max_lq,
+      targets, scale);
 }
 
 }  // namespace
