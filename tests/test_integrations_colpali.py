@@ -18,6 +18,12 @@ from maxsim.integrations import colpali as integration  # noqa: E402
 clean_patch = unpatched_around_each_test(integration)
 
 
+@pytest.fixture(autouse=True)
+def torch_reference(monkeypatch):
+    # The reference must be colpali-engine's own PyTorch path, not a peer kernel it picks on CUDA.
+    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")
+
+
 @pytest.fixture
 def maxsim_calls(monkeypatch):
     calls = []

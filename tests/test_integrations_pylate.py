@@ -21,6 +21,12 @@ from pylate import losses, models, rank, scores  # noqa: E402
 clean_patch = unpatched_around_each_test(integration)
 
 
+@pytest.fixture(autouse=True)
+def torch_reference(monkeypatch):
+    # The reference must be PyLate's own PyTorch path, not a peer kernel it may pick on CUDA.
+    monkeypatch.setenv("PYLATE_SCORES_BACKEND", "torch")
+
+
 @pytest.fixture
 def maxsim_calls(monkeypatch):
     """Counts calls into maxsim, to show that a patched path really uses it."""

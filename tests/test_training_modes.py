@@ -67,5 +67,6 @@ def test_gradcache_chunked_loss_equals_the_full_loss(backend_device):
         loss.backward()
         total += float(loss)
     assert abs(total - float(full)) < 1e-6
-    torch.testing.assert_close(qc.grad, q.grad, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(dc.grad, d.grad, rtol=1e-6, atol=1e-7)
+    # fp32, and the chunked loss sums in another order: a few ulps apart, not bit for bit.
+    torch.testing.assert_close(qc.grad, q.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dc.grad, d.grad, rtol=1e-5, atol=1e-6)
