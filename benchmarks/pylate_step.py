@@ -3,8 +3,16 @@
 A ColBERT with random weights (BERT encoder, default 4 layers, hidden 256, 128-d output) takes one
 AdamW step through PyLate's Contrastive loss (query, positive, negative: in-batch negatives over
 2*B documents) and through its Distillation loss (B queries, K candidates each). Each step is timed
-with CUDA events, median of --iters after --warmup, once with PyLate's own scoring and once patched;
-the loss values of the two are compared as a sanity check.
+with CUDA events, median of --iters after --warmup, in three variants:
+
+    pylate-torch   PYLATE_SCORES_BACKEND=torch: PyLate's own PyTorch scoring (no peer kernels)
+    pylate-auto    PyLate's default backend, a peer kernel where one is installed (skipped, and
+                   reported equal to pylate-torch, when it resolves to torch on this machine)
+    maxsim         patched with maxsim.integrations.pylate
+
+The loss values of the variants are compared as a sanity check. In the JSON rows `pylate_ms` is
+the pylate-torch time, `pylate_auto_ms` the pylate-auto one and `auto_backend` what `auto`
+resolves to; `speedup` is pylate-torch / maxsim and `speedup_vs_auto` pylate-auto / maxsim.
 
     python benchmarks/pylate_step.py --out bench_results/pylate_step.json
     python benchmarks/pylate_step.py --device cpu --quick      # smoke run
@@ -13,6 +21,7 @@ the loss values of the two are compared as a sanity check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +34,22 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKEND_ENV = "PYLATE_SCORES_BACKEND"
+# variant -> (row key prefix, PYLATE_SCORES_BACKEND); maxsim keeps the caller's environment.
+VARIANTS = {"pylate-torch": ("pylate", "torch"), "pylate-auto": ("pylate_auto", "auto")}
+# PyLate's peer backends: (module in pylate.scores, scoring functions, name).
+PEERS = (
+    (
+        "_flash_backend",
+        ("colbert_scores_flash", "colbert_scores_pairwise_flash", "colbert_kd_scores_flash"),
+        "flash-maxsim",
+    ),
+    (
+        "_lik_backend",
+        ("colbert_scores_lik", "colbert_scores_pairwise_lik", "colbert_kd_scores_lik"),
+        "late-interaction-kernels",
+    ),
+)
 
 
 def build_colbert(path: Path, args, device: str):
@@ -110,28 +135,102 @@ def make_step(model, loss_fn, features, labels, bf16: bool, device: str):
     return step
 
 
+def auto_backend(device: str) -> str:
+    """What PyLate's `auto` backend picks for tensors on `device`, in the order of
+    pylate/scores/colbert.py: flash-maxsim (installed, CUDA), then late-interaction-kernels
+    (installed, CUDA or MPS), else torch. A peer kernel can still decline some shapes and fall back
+    to torch; `peers_used` tells what really ran."""
+    kind = torch.device(device).type
+    try:
+        from pylate.scores import _flash_backend, _lik_backend
+    except ImportError:  # a PyLate without peer backends
+        return "torch"
+    if kind == "cuda" and _flash_backend.is_available():
+        return "flash-maxsim"
+    if kind in ("cuda", "mps") and _lik_backend.is_available():
+        return "late-interaction-kernels"
+    return "torch"
+
+
+@contextlib.contextmanager
+def peers_used():
+    """The set of PyLate peer backends that returned scores inside the block."""
+    import importlib
+
+    used, saved = set(), []
+    for module_name, functions, peer in PEERS:
+        try:
+            module = importlib.import_module(f"pylate.scores.{module_name}")
+        except ImportError:
+            continue
+        for fn_name in functions:
+            function = getattr(module, fn_name, None)
+            if function is None:
+                continue
+
+            def spy(*args, _function=function, _peer=peer, **kwargs):
+                out = _function(*args, **kwargs)
+                used.add(_peer)
+                return out
+
+            saved.append((module, fn_name, function))
+            setattr(module, fn_name, spy)
+    try:
+        yield used
+    finally:
+        for module, fn_name, function in saved:
+            setattr(module, fn_name, function)
+
+
+def set_backend_env(value: str | None) -> None:
+    if value is None:
+        os.environ.pop(BACKEND_ENV, None)
+    else:
+        os.environ[BACKEND_ENV] = value
+
+
 def run_loss(name: str, model, make_loss, features, labels, args, device: str) -> dict:
     from maxsim.integrations import pylate as integration
 
-    row = {"loss": name}
+    auto = auto_backend(device)
+    row = {"loss": name, "auto_backend": auto}
     values = {}
-    for variant in ("pylate", "maxsim"):
-        integration.patch() if variant == "maxsim" else integration.unpatch()
-        step = make_step(model, make_loss(), features, labels, args.dtype == "bf16", device)
-        torch.manual_seed(0)  # the same dropout masks for both variants' checked step
-        values[variant] = float(step().detach())
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = time_steps(step, args.iters, args.warmup, device)
-        row[f"{variant}_ms"] = statistics.median(times)
-        row[f"{variant}_p20_ms"] = statistics.quantiles(times, n=5)[0]
-        row[f"{variant}_p80_ms"] = statistics.quantiles(times, n=5)[-1]
-        if device == "cuda":
-            row[f"{variant}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    integration.unpatch()
+    caller_env = os.environ.get(BACKEND_ENV)
+    try:
+        for variant in ("pylate-torch", "pylate-auto", "maxsim"):
+            key, env = VARIANTS.get(variant, ("maxsim", caller_env))
+            if variant == "pylate-auto" and auto == "torch":
+                continue  # the same code as pylate-torch: reported equal below
+            set_backend_env(env)
+            integration.patch() if variant == "maxsim" else integration.unpatch()
+            step = make_step(model, make_loss(), features, labels, args.dtype == "bf16", device)
+            torch.manual_seed(0)  # the same dropout masks for every variant's checked step
+            with peers_used() as used:
+                values[key] = float(step().detach())
+            if variant == "pylate-auto":
+                row["auto_peers_used"] = sorted(used)
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = time_steps(step, args.iters, args.warmup, device)
+            row[f"{key}_ms"] = statistics.median(times)
+            row[f"{key}_p20_ms"] = statistics.quantiles(times, n=5)[0]
+            row[f"{key}_p80_ms"] = statistics.quantiles(times, n=5)[-1]
+            if device == "cuda":
+                row[f"{key}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    finally:
+        integration.unpatch()
+        set_backend_env(caller_env)
+    if auto == "torch":
+        for suffix in ("ms", "p20_ms", "p80_ms", "peak_mib"):
+            if f"pylate_{suffix}" in row:
+                row[f"pylate_auto_{suffix}"] = row[f"pylate_{suffix}"]
+        row["auto_peers_used"] = []
+        values["pylate_auto"] = values["pylate"]
     row["speedup"] = row["pylate_ms"] / row["maxsim_ms"]
-    row["loss_pylate"], row["loss_maxsim"] = values["pylate"], values["maxsim"]
+    row["speedup_vs_auto"] = row["pylate_auto_ms"] / row["maxsim_ms"]
+    row["loss_pylate"], row["loss_pylate_auto"] = values["pylate"], values["pylate_auto"]
+    row["loss_maxsim"] = values["maxsim"]
     return row
 
 
@@ -179,7 +278,7 @@ def main() -> None:
         default="fp32",
         help="bf16 runs the step under torch.autocast",
     )
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 3 iterations")
     args = parser.parse_args()
@@ -227,12 +326,22 @@ def main() -> None:
         f"BERT {args.layers}x{args.hidden} {args.dtype} on {device}"
     )
     print(f"PyLate training step, median of {args.iters} ({shape})")
-    print(f"{'loss':<14}{'pylate ms':>11}{'maxsim ms':>11}{'speedup':>9}{'|dloss|':>10}")
+    print(
+        f"{'loss':<14}{'torch ms':>10}{'auto ms':>10}  {'auto backend':<26}{'maxsim ms':>10}"
+        f"{'vs torch':>10}{'vs auto':>9}{'|dloss|':>10}"
+    )
     for row in rows:
-        diff = abs(row["loss_pylate"] - row["loss_maxsim"])
+        seen = (row["loss_pylate"], row["loss_pylate_auto"], row["loss_maxsim"])
+        diff = max(seen) - min(seen)
+        auto = row["auto_backend"]
+        if auto == "torch":
+            auto = "torch (= torch ms)"
+        elif row["auto_peers_used"] != [row["auto_backend"]]:
+            auto += " (ran: " + ("+".join(row["auto_peers_used"]) or "torch") + ")"
         print(
-            f"{row['loss']:<14}{row['pylate_ms']:>11.2f}{row['maxsim_ms']:>11.2f}"
-            f"{row['speedup']:>8.2f}x{diff:>10.1e}"
+            f"{row['loss']:<14}{row['pylate_ms']:>10.2f}{row['pylate_auto_ms']:>10.2f}  "
+            f"{auto:<26}{row['maxsim_ms']:>10.2f}"
+            f"{row['speedup']:>9.2f}x{row['speedup_vs_auto']:>8.2f}x{diff:>10.1e}"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
