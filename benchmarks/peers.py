@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
+import torch
 from impls import Impl
 from workloads import Unsupported, train_step
 
@@ -38,6 +39,9 @@ class FlashMaxsim(_Peer):
     varlen   flash_maxsim_varlen scores pair i = (query segment i, document segment i), so each
              query is replicated once per candidate (index_select, timed) before the call.
     train    flash_maxsim_batched_train(Q, D, shared_docs=True, doc_lengths=[Nb]).
+    int8     flash_maxsim_int8_symmetric(Q[Lq, H], D_int8, scales fp16, doc_lengths) scores one
+             query per call: one call per query (its scales converted to fp16 outside the timing).
+             It has no FP8 path.
     """
 
     name = "flash-maxsim"
@@ -46,6 +50,16 @@ class FlashMaxsim(_Peer):
 
     def bind(self, case, s):
         fm, meta, kind = self.mod, case.meta, case.kind.name
+        if "D_codes" in s:
+            if case.params["quant"] != "int8":
+                raise Unsupported("flash-maxsim has no FP8 path (INT8 only)")
+            Q, codes, scales = s["Q"], s["D_codes"], s["D_scale"].half()
+            lens, f = meta["d_len"], fm.flash_maxsim_int8_symmetric
+            if kind == "rerank":
+                return lambda: torch.stack(
+                    [f(Q[b], codes[b], scales[b], doc_lengths=lens[b]) for b in range(Q.size(0))])
+            return lambda: torch.stack(
+                [f(Q[i], codes, scales, doc_lengths=lens) for i in range(Q.size(0))])
         if kind == "rerank":
             lens = meta["d_len"].reshape(-1)
             return lambda: fm.flash_maxsim_batched(s["Q"], s["D"], doc_lengths=lens,
@@ -115,6 +129,10 @@ class LateInteractionKernels(_Peer):
              i, document i*K+k) built once outside the timed call; maxsim_varlen would score all
              Nq x Nd pairs.
     train    maxsim(Q, D, d_mask) with its default backward (no fused training step exists).
+    fp8      late_interaction_kernels.fp8.maxsim_inference_fp8 takes FP8 queries and documents
+             with per-token scales and scores all pairs: one call per query for per-query
+             candidates (queries quantized with its quantize_fp8_per_token outside the timing).
+             It has no INT8 path.
     """
 
     name = "late-interaction-kernels"
@@ -123,6 +141,20 @@ class LateInteractionKernels(_Peer):
 
     def bind(self, case, s):
         lik, meta, kind = self.mod, case.meta, case.kind.name
+        if "D_codes" in s:
+            if case.params["quant"] != "fp8":
+                raise Unsupported("late-interaction-kernels has no INT8 path (FP8 only)")
+            from late_interaction_kernels import fp8
+
+            q8, q_scale = fp8.quantize_fp8_per_token(s["Q"])
+            codes, scale, mask = s["D_codes"], s["D_scale"], meta["d_mask"]
+            if kind == "rerank":
+                return lambda: torch.cat([
+                    fp8.maxsim_inference_fp8(q8[b:b + 1], codes[b], scale_Q=q_scale[b:b + 1],
+                                             scale_D=scale[b], d_mask=mask[b])
+                    for b in range(q8.size(0))])
+            return lambda: fp8.maxsim_inference_fp8(q8, codes, scale_Q=q_scale, scale_D=scale,
+                                                    d_mask=mask)
         if kind in ("rerank", "allpairs"):
             return lambda: lik.maxsim(s["Q"], s["D"], d_mask=meta["d_mask"])
         if kind == "varlen":

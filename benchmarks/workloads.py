@@ -191,10 +191,34 @@ def _esize(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+_CODE_LIMIT = {"int8": 127.0, "fp8": 448.0}
+
+
+def quantize_tokens(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-token 8-bit codes and fp32 scales (token = codes * scale), the stored-index
+    format of ``maxsim.quantize``: int8 codes in [-127, 127] rounded to nearest, or float8 e4m3."""
+    scale = x.float().abs().amax(dim=-1) / _CODE_LIMIT[fmt]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
+    if fmt == "int8":
+        codes = torch.round(x.float() / safe).clamp_(-127, 127).to(torch.int8)
+    else:
+        codes = (x.float() / safe).clamp_(-448, 448).to(torch.float8_e4m3fn)
+    return codes.contiguous(), scale.contiguous()
+
+
+def dequantized(s: dict, dtype=torch.float64) -> torch.Tensor:
+    return s["D_codes"].to(dtype) * s["D_scale"].to(dtype)[..., None]
+
+
 class _PaddedDocs(Kind):
     """Padded queries against padded documents with prefix lengths. Subclasses name the query
     count and the leading document shape: [Nd] (every query with every document) or [B, K]
-    (each query with its own K candidates, ``grouped``)."""
+    (each query with its own K candidates, ``grouped``).
+
+    ``quant`` in a workload's params ("int8" or "fp8") stores the documents as 8-bit codes with
+    one fp32 scale per token (``D_codes``, ``D_scale``; no float copy); queries stay in the row's
+    dtype. The floor counts the codes and scales, and the reference is float64 on the
+    dequantized documents."""
 
     grouped = False
 
@@ -219,29 +243,40 @@ class _PaddedDocs(Kind):
         }
 
     def make_set(self, p, meta, dtype, gen, device):
-        return {
-            "Q": tokens((self.n_queries(p), p["Lq"], H), dtype, gen, device),
-            "D": tokens((*self.doc_shape(p), p["Ld"], H), dtype, gen, device),
-        }
+        s = {"Q": tokens((self.n_queries(p), p["Lq"], H), dtype, gen, device)}
+        D = tokens((*self.doc_shape(p), p["Ld"], H), dtype, gen, device)
+        if p.get("quant"):
+            s["D_codes"], s["D_scale"] = quantize_tokens(D, p["quant"])
+        else:
+            s["D"] = D
+        return s
 
     def work(self, p, meta, dtype):
         nq, e = self.n_queries(p), _esize(dtype)
         queries_per_doc = 1 if self.grouped else nq
+        doc_token_bytes = H + 4 if p.get("quant") else H * e  # codes + scale
         return Work(
-            bytes=(nq * p["Lq"] + meta["valid_d"]) * H * e + self.n_pairs(p) * 4,
+            bytes=nq * p["Lq"] * H * e + meta["valid_d"] * doc_token_bytes + self.n_pairs(p) * 4,
             flops=2.0 * H * queries_per_doc * p["Lq"] * meta["valid_d"],
         )
 
     def reference(self, s, meta):
         ref = ref_grouped if self.grouped else ref_allpairs
-        return {"scores": ref(s["Q"], s["D"], None, meta["d_mask"]).cpu()}
+        D = dequantized(s) if "D_codes" in s else s["D"]
+        return {"scores": ref(s["Q"], D, None, meta["d_mask"]).cpu()}
 
     def naive(self, s, meta):
-        Q, D, dm, grouped = s["Q"], s["D"], meta["d_mask"], self.grouped
+        Q, dm, grouped = s["Q"], meta["d_mask"], self.grouped
+        if "D_codes" in s:  # dequantize (in the queries' dtype) inside the timed call
+            return lambda: padded_scores(Q, dequantized(s, Q.dtype), None, dm, grouped=grouped)
+        D = s["D"]
         return lambda: padded_scores(Q, D, None, dm, grouped=grouped)
 
     def naive_bytes(self, p, meta, dtype):
         return 2.0 * self.n_pairs(p) * p["Lq"] * p["Ld"] * _esize(dtype)
+
+    def quant(self, case) -> str | None:
+        return case.params.get("quant")
 
 
 class Rerank(_PaddedDocs):
@@ -489,6 +524,14 @@ def _registry() -> list[Workload]:
                  dict(Nq=4, Nb=4, Lq=4, Ld=12), about="contrastive step"))
     add(Workload("train_colpali", "train", dict(Nq=128, Nb=128, Lq=128, Ld=1024),
                  dict(Nq=3, Nb=3, Lq=6, Ld=20), dtypes=("bf16",), about="contrastive step"))
+    # Documents stored as 8-bit codes (see quantize_tokens); queries in fp16.
+    for name, base, fmt in (("rerank_heavy_int8", "rerank_heavy", "int8"),
+                            ("rerank_colpali_int8", "rerank_colpali", "int8"),
+                            ("rerank_colpali_fp8", "rerank_colpali", "fp8"),
+                            ("corpus_int8", "corpus", "int8")):
+        src = next(x for x in w if x.name == base)
+        add(Workload(name, src.kind, dict(src.params, quant=fmt), dict(src.smoke, quant=fmt),
+                     dtypes=("fp16",), about=f"{src.about}, {fmt} documents"))
     for ld in (128, 256, 512, 1024, 2048):
         add(Workload(f"rerank_ld{ld}", "rerank", dict(B=8, K=100, Lq=32, Ld=ld),
                      dict(B=2, K=12, Lq=4, Ld=max(4, ld // 64)), dtypes=("fp16",), sweep=True,
@@ -509,4 +552,4 @@ def describe(kind: str, p: dict) -> str:
     if kind == "varlen":
         return (f"Nq{p['Nq']} K{p['K']} Lq{p['Lq_min']}-{p['Lq_max']} "
                 f"Ld{p['Ld_min']}-{p['Ld_max']}")
-    return " ".join(f"{k}{v}" for k, v in p.items())
+    return " ".join(f"{k}{v}" if k != "quant" else f"D:{v}" for k, v in p.items())

@@ -1,9 +1,7 @@
 // Forward launcher: picks the kernel and tile shape for a problem, sizes the grid, launches.
 #include <algorithm>
-#include <type_traits>
+#include "fwd_launch.cuh"
 #include "fwd_simt.cuh"
-#include "fwd_tc.cuh"
-#include "launch.h"
 
 namespace maxsim {
 namespace {
@@ -43,7 +41,8 @@ __global__ void merge_splits_kernel(const FwdParams p, int splits) {
     const bool valid = row_valid(p.q, gq, t);
     if constexpr (kArgmax) p.argmax[size_t(out) * p.max_lq + t] = valid ? i : -1;
     const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-    s += valid && found ? v : 0.f;
+    const float scale = valid && p.q_scale != nullptr ? p.q_scale[gq.first_row + t] : 1.f;
+    s += valid && found ? v * scale : 0.f;
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
@@ -51,32 +50,21 @@ __global__ void merge_splits_kernel(const FwdParams p, int splits) {
 }
 
 
-// Tile shapes. Why each exists:
-//  kSmall  32 x 64,  4 warps: one short query (Lq <= 32) against streamed documents; the
-//          memory-bound reranking case; 3 stages leave room for 3 blocks per SM.
-//  kMedium 64 x 64,  4 warps: queries of 33..64 tokens (or slices of long queries, D > 128).
-//  kLarge  128 x 128, 8 warps: long queries or several short queries of an all-pairs batch; the
-//          compute-bound case, where a 64 x 32 warp tile keeps ldmatrix traffic low per mma;
-//          2 stages fit two blocks per SM.
-enum class Tile { kSimt, kSmall, kMedium, kLarge };
-
-template <Tile> struct TileShape;
-template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 3; };
-template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
-template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 2; };
+using namespace fwd_detail;
 
 int tile_rows(Tile t) {
   switch (t) {
-    case Tile::kSmall: return 32;
-    case Tile::kMedium: return 64;
-    case Tile::kLarge: return 128;
+    case Tile::kSmall: return TileShape<Tile::kSmall>::BM;
+    case Tile::kMedium: return TileShape<Tile::kMedium>::BM;
+    case Tile::kLarge: return TileShape<Tile::kLarge>::BM;
     default: return 0;
   }
 }
 
-bool aligned16(const TokenSet& s) {
-  return reinterpret_cast<uintptr_t>(s.data) % 16 == 0 && s.row_stride % 8 == 0 &&
-         s.seg_stride % 8 == 0;
+// 16-byte copies: the data and every row start on 16 bytes (`per16` elements).
+bool aligned16(const TokenSet& s, int per16 = 8) {
+  return reinterpret_cast<uintptr_t>(s.data) % 16 == 0 && s.row_stride % per16 == 0 &&
+         s.seg_stride % per16 == 0;
 }
 
 int query_rows(const FwdParams& p) { return p.q.offsets ? p.max_lq : p.q.pad_len; }
@@ -89,56 +77,20 @@ int num_items(const FwdParams& p) {
   }
 }
 
-struct Plan {
-  Tile tile = Tile::kSimt;
-  FwdGrid grid{1, 1, 1, 1, 1};
-  int blocks = 0;
-};
-
-template <typename T, Tile kTile, bool kArgmax, int kDim>
-constexpr auto tc_kernel() {
-  using S = TileShape<kTile>;
-  return fwd_tc_kernel<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, kDim>;
-}
-
-// Blocks of a tile kernel resident per SM (registers and shared memory), asked once per device.
-template <typename T, Tile kTile, bool kArgmax, int kDim>
-int resident_blocks(int dim) {
-  using S = TileShape<kTile>;
-  using Cfg = FwdTC<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
-  constexpr auto kernel = tc_kernel<T, kTile, kArgmax, kDim>();
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  if (kDim > 0 && device < kMaxDevices && cached[device] > 0) return cached[device];
-  const size_t smem = Cfg::smem_bytes(dim);
-  allow_smem<kernel>(smem);
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads, smem) != cudaSuccess) {
-    (void)cudaGetLastError();  // a planning hint only: keep the error off the launch check
-    blocks = 1;
+int resident(Tile tile, const FwdParams& p, DType dtype) {
+  switch (p.codes) {
+    case Codes::kInt8: return storage_resident<Int8Codes>(tile, p, dtype);
+    case Codes::kE4m3: return storage_resident<E4m3Codes>(tile, p, dtype);
+    default: return storage_resident<Plain>(tile, p, dtype);
   }
-  blocks = std::max(blocks, 1);
-  if (kDim > 0 && device < kMaxDevices) cached[device] = blocks;
-  return blocks;
-}
-
-template <Tile kTile>
-int resident_blocks(const FwdParams& p, DType dtype) {
-  const bool argmax = p.argmax != nullptr, d128 = p.dim == 128;
-  auto pick = [&](auto tag) {
-    using T = decltype(tag);
-    if (argmax) return d128 ? resident_blocks<T, kTile, true, 128>(p.dim) : resident_blocks<T, kTile, true, 0>(p.dim);
-    return d128 ? resident_blocks<T, kTile, false, 128>(p.dim) : resident_blocks<T, kTile, false, 0>(p.dim);
-  };
-  return dtype == DType::kBF16 ? pick(__nv_bfloat16{}) : pick(__half{});
 }
 
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
-  const bool tc = dtype != DType::kF32 && dev.sm >= 80 && p.dim % 8 == 0 && p.dim <= 256 &&
-                  aligned16(p.q) && aligned16(p.d);
+  // Codes need 16-dim rows (one 16-byte copy); the binding only sends them where this holds.
+  const int dim_step = p.codes == Codes::kNone ? 8 : 16;
+  const bool tc = dtype != DType::kF32 && dev.sm >= 80 && p.dim % dim_step == 0 && p.dim <= 256 &&
+                  aligned16(p.q) && aligned16(p.d, p.codes == Codes::kNone ? 8 : 16);
   if (!tc) return plan;
   const int lq = std::max(1, query_rows(p));
   const bool padded_q = p.q.offsets == nullptr;
@@ -168,8 +120,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     // last wave's tail is short. Padded documents too few for that are cut into column slices
     // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only).
     const int bn = 64;  // kSmall and kMedium stream 64-token tiles
-    const int per_sm = plan.tile == Tile::kSmall ? resident_blocks<Tile::kSmall>(p, dtype)
-                                                 : resident_blocks<Tile::kMedium>(p, dtype);
+    const int per_sm = resident(plan.tile, p, dtype);
     const int64_t want = int64_t(dev.num_sms) * per_sm * 8;
     const int64_t units = int64_t(plan.grid.q_tiles) * items;
     if (units < want && p.d.offsets == nullptr) {
@@ -191,38 +142,25 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   return plan;
 }
 
-template <typename T, Tile kTile, bool kArgmax>
-void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
-  using S = TileShape<kTile>;
-  using Cfg = FwdTC<T, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax>;
-  // ColBERT / ColPali embeddings are 128-wide: that dim gets a fully unrolled k loop.
-  constexpr auto k128 = tc_kernel<T, kTile, kArgmax, 128>();
-  constexpr auto kAny = tc_kernel<T, kTile, kArgmax, 0>();
-  const size_t smem = Cfg::smem_bytes(p.dim);
-  if (p.dim == 128) {
-    allow_smem<k128>(smem);
-    k128<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
-  } else {
-    allow_smem<kAny>(smem);
-    kAny<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
-  }
-}
-
-template <typename T, bool kArgmax>
-void launch_typed(const FwdParams& p, const Plan& plan, const DeviceInfo& dev, cudaStream_t stream) {
-  if constexpr (!std::is_same_v<T, float>) {  // fp32 never takes the tensor cores
-    switch (plan.tile) {
-      case Tile::kSmall: return launch_tc<T, Tile::kSmall, kArgmax>(p, plan, stream);
-      case Tile::kMedium: return launch_tc<T, Tile::kMedium, kArgmax>(p, plan, stream);
-      case Tile::kLarge: return launch_tc<T, Tile::kLarge, kArgmax>(p, plan, stream);
-      default: break;
-    }
-  }
+template <bool kArgmax>
+void launch_simt(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<int64_t>(p.pairs.num_pairs, int64_t(dev.num_sms) * 32));
-  fwd_simt_kernel<T, kArgmax><<<std::max(blocks, 1), kSimtThreads, p.dim * sizeof(float), stream>>>(p);
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    fwd_simt_kernel<T, kArgmax><<<std::max(blocks, 1), kSimtThreads, p.dim * sizeof(float), stream>>>(p);
+  };
+  switch (dtype) {
+    case DType::kF16: go(__half{}); break;
+    case DType::kBF16: go(__nv_bfloat16{}); break;
+    default: go(float{}); break;
+  }
 }
 
 }  // namespace
+
+bool fwd_supports_codes(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  return p.codes != Codes::kNone && make_plan(p, dtype, dev).tile != Tile::kSimt;
+}
 
 size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   const Plan plan = make_plan(p, dtype, dev);
@@ -235,15 +173,15 @@ void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
   if (p.pairs.num_pairs == 0) return;
   const Plan plan = make_plan(p, dtype, dev);
   const bool argmax = p.argmax != nullptr;
-  auto go = [&](auto tag) {
-    using T = decltype(tag);
-    if (argmax) launch_typed<T, true>(p, plan, dev, stream);
-    else launch_typed<T, false>(p, plan, dev, stream);
-  };
-  switch (dtype) {
-    case DType::kF16: go(__half{}); break;
-    case DType::kBF16: go(__nv_bfloat16{}); break;
-    default: go(float{}); break;
+  if (plan.tile == Tile::kSimt) {  // codes never get here (fwd_supports_codes)
+    if (argmax) launch_simt<true>(p, dtype, dev, stream);
+    else launch_simt<false>(p, dtype, dev, stream);
+  } else if (p.codes == Codes::kInt8) {
+    storage_launch<Int8Codes>(p, plan, dtype, stream);
+  } else if (p.codes == Codes::kE4m3) {
+    storage_launch<E4m3Codes>(p, plan, dtype, stream);
+  } else {
+    storage_launch<Plain>(p, plan, dtype, stream);
   }
   if (plan.grid.splits > 1) {
     const int threads = 256, blocks = static_cast<int>((int64_t(p.pairs.num_pairs) * 32 + threads - 1) / threads);

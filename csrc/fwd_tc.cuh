@@ -6,7 +6,13 @@
 // of the document tile and keeps a running max (and argmax) per row in registers; at the end of a
 // document the block merges the warps' maxima, sums them per query and writes one score. The
 // [Lq, Ld] similarity tile never leaves registers.
+//
+// Documents stored as 8-bit codes (DT = Int8Codes / E4m3Codes, codes.cuh) stream at half the
+// bytes: they are staged as bytes, turned into T operands in registers, and each dot product is
+// multiplied by its token's scale before the max. Queries may carry a per-row scale too (p.q_scale,
+// quantized queries passed as exact codes), applied to the row's maximum.
 #pragma once
+#include "codes.cuh"
 #include "layout.cuh"
 #include "mma.cuh"
 
@@ -28,8 +34,13 @@ struct TileSpan {
   int begin, end, cols;
 };
 
-template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
+template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
 struct FwdTC {
+  static constexpr bool kCodes = kIsCodes<DT>;
+  using DElem = std::conditional_t<kCodes, uint8_t, T>;  // what a document row is made of
+  static constexpr int kChunkElems = 16 / sizeof(DElem);  // per 16-byte copy
+  // k step of one operand load: codes come 8 bytes per lane, which feeds two k16 mmas.
+  static constexpr int kKStep = kCodes ? 32 : 16;
   static constexpr int kThreads = WM * WN * 32;
   static constexpr int kWarpRows = BM / WM, kWarpCols = BN / WN;
   static constexpr int MT = kWarpRows / 16, NT = kWarpCols / 8;
@@ -38,35 +49,46 @@ struct FwdTC {
   static constexpr bool kSliced = WM * WN == 4;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
-  static int ld(int dim) { return (dim + 15) / 16 * 16 + 8; }  // +8 halves: conflict-free ldmatrix
+  __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + 8; }  // +8 halves: conflict-free ldmatrix
+  // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
+  __host__ __device__ static int ldd(int dim) {
+    if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
+    return ldq(dim);
+  }
   static size_t smem_bytes(int dim) {
-    return size_t(BM + STAGES * BN) * ld(dim) * sizeof(T) + size_t(WN) * BM * 8 + BM * 5 +
-           STAGES * BN;
+    return size_t(BM) * ldq(dim) * sizeof(T) + size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
+           size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kCodes ? 5 : 1);
   }
 };
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
-template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax, int kDim>
+template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
+          int kDim>
 // The 8-warp tile asks for two resident blocks per SM: one block alone cannot hide the
 // pipeline's barrier and load latency.
 __global__ void __launch_bounds__(WM * WN * 32, WM * WN == 8 ? 2 : 1)
 fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
-  using Cfg = FwdTC<T, BM, BN, WM, WN, STAGES, kArgmax>;
+  using Cfg = FwdTC<T, DT, BM, BN, WM, WN, STAGES, kArgmax>;
+  using DElem = typename Cfg::DElem;
   constexpr int MT = Cfg::MT, NT = Cfg::NT;
-  constexpr bool kBf16 = MmaType<T>::kBf16;
+  constexpr bool kBf16 = MmaType<T>::kBf16, kCodes = Cfg::kCodes;
   const int dim = kDim > 0 ? kDim : p.dim;
-  const int kdim = (dim + 15) / 16 * 16;
-  const int lds = kdim + 8;
-  const int chunks = kdim / 8;  // 16-byte chunks per row (the tail past `dim` is zero-filled)
+  const int kdim = Cfg::kdim(dim);
+  const int lds = Cfg::ldq(dim), ldd = Cfg::ldd(dim);
+  const int chunks = kdim / 8;  // 16-byte query chunks per row (the tail past `dim` is zero-filled)
+  const int d_chunks = kdim / Cfg::kChunkElems;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
-  T* d_s = q_s + BM * lds;
-  float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * lds);
+  DElem* d_s = reinterpret_cast<DElem*>(q_s + BM * lds);
+  float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * ldd);
   int* red_i = reinterpret_cast<int*>(red_v + WN * BM);
   float* row_val = reinterpret_cast<float*>(red_i + WN * BM);
-  bool* row_ok = reinterpret_cast<bool*>(row_val + BM);
+  float* row_scale = row_val + BM;                 // each query row's scale (1 without q_scale)
+  float* scale_s = row_scale + BM;                 // [STAGES][BN] code scales (codes only)
+  bool* row_ok = reinterpret_cast<bool*>(scale_s + (kCodes ? STAGES * BN : 0));
   bool* mask_s = row_ok + BM;  // [STAGES][BN] document-token mask of each staged tile
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -111,15 +133,21 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   };
 
   const T* qg = static_cast<const T*>(p.q.data);
-  const T* dg = static_cast<const T*>(p.d.data);
+  const DElem* dg = static_cast<const DElem*>(p.d.data);
 
   // Synchronous load of the query rows (zero rows past a segment or past the batch).
   auto load_queries = [&](int qfirst) {
     for (int r = tid; r < BM; r += Cfg::kThreads) {
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
       bool valid = false;
-      if (ql < grid.qpb && qi < num_q) valid = row_valid(p.q, segment_of(p.q, qi), t);
+      float scale = 1.f;
+      if (ql < grid.qpb && qi < num_q) {
+        const Segment g = segment_of(p.q, qi);
+        valid = row_valid(p.q, g, t);
+        if (valid && p.q_scale != nullptr) scale = p.q_scale[g.first_row + t];
+      }
       row_ok[r] = valid;
+      row_scale[r] = scale;
     }
     for (int c = tid; c < BM * chunks; c += Cfg::kThreads) {
       const int r = c / chunks, k = c % chunks;
@@ -129,7 +157,18 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         const Segment g = segment_of(p.q, qi);
         if (t < g.rows) v = *reinterpret_cast<const uint4*>(qg + row_elem(p.q, qi, g.first_row, t) + k * 8);
       }
-      *reinterpret_cast<uint4*>(q_s + r * lds + k * 8) = v;
+      if constexpr (kCodes) {
+        // A lane's code operands hold dims 0..3 of its 8-dim group in one k16 step and 4..7 in
+        // the next (see the mma loop); the query columns are stored in that order, so ldmatrix
+        // pairs each with its code.
+        const int base = (k / 4) * 32 + (k % 4) * 2;
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<uint32_t*>(q_s + r * lds + base + (j / 2) * 16 + (j % 2) * 8) = w[j];
+      } else {
+        *reinterpret_cast<uint4*>(q_s + r * lds + k * 8) = v;
+      }
     }
   };
   load_queries(q0);
@@ -147,35 +186,42 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   Segment p_seg = segment_of(p.d, item_doc(p_item));
   int p_tile = span_of(p_seg).begin;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
-  const int chunks_p2 = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
+  const int chunks_p2 = d_chunks <= 8 ? 8 : d_chunks <= 16 ? 16 : 32;
   const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
-  const bool copies = my_chunk < chunks;
-  // The mask bytes of a tile are loaded into a register when the tile is issued and stored to
-  // shared memory one iteration later, so their latency hides behind a whole tile of work.
+  const bool copies = my_chunk < d_chunks;
+  // The mask bytes (and code scales) of a tile are loaded into registers when the tile is issued
+  // and stored to shared memory one iteration later, so their latency hides behind a tile of work.
   bool mask_reg = true;
+  float scale_reg = 0.f;
   int mask_stage = -1;
   auto stage_mask = [&]() {
-    if (mask_stage >= 0 && tid < BN) mask_s[mask_stage * BN + tid] = mask_reg;
+    if (mask_stage >= 0 && tid < BN) {
+      mask_s[mask_stage * BN + tid] = mask_reg;
+      if constexpr (kCodes) scale_s[mask_stage * BN + tid] = scale_reg;
+    }
     mask_stage = -1;
   };
   auto issue = [&](int stage) {
     if (p_item < item_end) {
       const int doc = item_doc(p_item);
       const TileSpan p_span = span_of(p_seg);  // recomputed: cheaper than a live register
-      if (p.d.mask != nullptr) {
+      if (p.d.mask != nullptr || kCodes) {
         const int s = p_tile * BN + tid;
-        mask_reg = tid < BN && s < p_span.cols ? p.d.mask[p_seg.first_row + s] : false;
+        const bool in = tid < BN && s < p_span.cols;
+        mask_reg = in && (p.d.mask == nullptr || p.d.mask[p_seg.first_row + s]);
+        if constexpr (kCodes)
+          scale_reg = in ? p.d_scale[p_seg.first_row + s] * kCodeFold<DT, T> : 0.f;
         mask_stage = stage;
       }
-      T* dst = d_s + stage * BN * lds + my_chunk * 8;
+      DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
       const int row0 = p_tile * BN;
-      const T* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * 8;
-      const bool col_in = copies && my_chunk * 8 < dim;
+      const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
+      const bool col_in = copies && my_chunk * Cfg::kChunkElems < dim;
       if (copies) {
         for (int r = tid / chunks_p2; r < BN; r += row_step) {
           const int s = row0 + r;
           const bool in = col_in && s < p_span.cols;
-          cp_async16(dst + r * lds, in ? src0 + int64_t(s) * p.d.row_stride : dg, in ? 16 : 0);
+          cp_async16(dst + r * ldd, in ? src0 + int64_t(s) * p.d.row_stride : dg, in ? 16 : 0);
         }
       }
       if (++p_tile == p_span.end) {
@@ -243,21 +289,57 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
     const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
-    const T* b_base = d_s + stage * BN * lds +
-                      (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * lds +
-                      ((lane / 8) % 2) * 8;
+    if constexpr (kCodes) {
+      // Lane (g = lane / 4, c = lane % 4) loads 8 codes of its column g: dims 8c .. 8c+7 of each
+      // 32-dim step. An mma reads B elements (k = 2c, 2c+1, 2c+8, 2c+9): codes 0,1,2,3 feed the
+      // first k16 step and 4,5,6,7 the second; q_s holds the query dims in the matching order.
+      const uint8_t* b_base = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + lane / 4) * ldd + (lane % 4) * 8;
+      // Not unrolled: the 8-warp tile's registers have no room for a second step in flight.
+#pragma unroll 1
+      for (int k0 = 0; k0 < kdim; k0 += 32) {
 #pragma unroll
-    for (int k0 = 0; k0 < kdim; k0 += 16) {
-      uint32_t a[MT][4], b[NT / 2][4];
+        for (int s = 0; s < 2; ++s) {
+          uint32_t a[MT][4], w[NT];
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0);
+          for (int ni = 0; ni < NT; ++ni) w[ni] = *reinterpret_cast<const uint32_t*>(b_base + ni * 8 * ldd + k0 + s * 4);
 #pragma unroll
-      for (int nj = 0; nj < NT / 2; ++nj) ldmatrix_x4(b[nj], b_base + nj * 16 * lds + k0);
+          for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0 + s * 16);
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
+          for (int ni = 0; ni < NT; ++ni) {
+            uint32_t b0, b1;
+            codes_to_pairs<DT, T>(w[ni], b0, b1);
 #pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-          mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+            for (int mi = 0; mi < MT; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
+          }
+        }
+      }
+      // Each dot product times its document token's scale (fp32), before the max.
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        const float2 sc = *reinterpret_cast<const float2*>(scale_s + stage * BN + col0 - c_tile * BN + ni * 8);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          acc[mi][ni][0] *= sc.x; acc[mi][ni][1] *= sc.y;
+          acc[mi][ni][2] *= sc.x; acc[mi][ni][3] *= sc.y;
+        }
+      }
+    } else {
+      const T* b_base = d_s + stage * BN * ldd +
+                        (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * ldd +
+                        ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int k0 = 0; k0 < kdim; k0 += 16) {
+        uint32_t a[MT][4], b[NT / 2][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0);
+#pragma unroll
+        for (int nj = 0; nj < NT / 2; ++nj) ldmatrix_x4(b[nj], b_base + nj * 16 * ldd + k0);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni)
+            mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+      }
     }
 
     // Running max over this tile's valid columns. With argmax, the tile's max is found first
@@ -347,7 +429,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
             p.argmax[item_out(c_item, qi) * p.max_lq + t] = valid ? i : -1;
         }
         const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-        row_val[r] = valid && found ? v : 0.f;
+        row_val[r] = valid && found ? v * row_scale[r] : 0.f;
       }
       __syncthreads();
       for (int ql = warp; splits == 1 && ql < grid.qpb; ql += WM * WN) {

@@ -8,6 +8,9 @@ namespace maxsim {
 
 // Floats of scratch the forward needs for `p` (partial scores of long queries); 0 when none.
 size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& dev);
+// Whether documents stored as 8-bit codes (p.codes) can run for this call: tensor cores (sm_80+),
+// fp16 / bf16 queries, dim a multiple of 16 up to 256, 16-byte aligned rows.
+bool fwd_supports_codes(const FwdParams& p, DType dtype, const DeviceInfo& dev);
 // fp32 inputs always take the exact fp32 path.
 void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);

@@ -30,8 +30,14 @@ struct PairMap {
   const int* pair_d = nullptr;      // kPairs
 };
 
+// How documents are stored: in the queries' dtype, or as 8-bit codes with one scale per token.
+enum class Codes : int { kNone = 0, kInt8 = 1, kE4m3 = 2 };
+
 struct FwdParams {
   TokenSet q, d;
+  Codes codes = Codes::kNone;
+  const float* d_scale = nullptr;   // codes: one fp32 scale per document row
+  const float* q_scale = nullptr;   // optional: one fp32 scale per query row (codes as values)
   PairMap pairs;
   int dim = 0;
   int max_lq = 0;                   // argmax row width

@@ -1,5 +1,5 @@
-// Registers the two ops every entry point of the package is built on (schemas first, then the
-// CUDA implementations). Shapes and semantics: docs/ARCHITECTURE.md.
+// Registers the ops every entry point of the package is built on (schemas first, then the CUDA
+// implementations, then the autograd formulas). Shapes and semantics: docs/ARCHITECTURE.md.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -119,26 +119,10 @@ void check_pair(const Tensor& q, const Tensor& d) {
   TORCH_CHECK(q.size(-1) == d.size(-1), "maxsim: queries and documents differ in embedding dim");
 }
 
-std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const OptTensor& q_offsets,
-                               const OptTensor& q_lengths, const OptTensor& q_mask,
-                               const OptTensor& d_offsets, const OptTensor& d_lengths,
-                               const OptTensor& d_mask, const OptTensor& pair_q,
-                               const OptTensor& pair_d, int64_t layout, int64_t group,
-                               int64_t max_lq, bool with_argmax, bool tf32) {
-  (void)tf32;  // fp32 always takes the exact path
-  check_pair(q_in, d_in);
-  const c10::cuda::CUDAGuard guard(q_in.device());
-  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
-  maxsim::FwdParams p;
-  p.q = token_set(q, q_offsets, q_lengths, q_mask, "queries");
-  p.d = token_set(d, d_offsets, d_lengths, d_mask, "documents");
-  std::vector<int64_t> shape;
-  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
-  p.dim = static_cast<int>(q.size(-1));
-  if (q.dim() == 3) TORCH_CHECK(max_lq == q.size(1), "maxsim: max_lq must equal the padded query length");
-  TORCH_CHECK(max_lq >= 0, "maxsim: max_lq must be >= 0");
-  p.max_lq = static_cast<int>(max_lq);
-
+// Scores (and argmax) of `p` with its token sets, pair map, dim and max_lq already filled in.
+std::tuple<Tensor, Tensor> run_fwd(maxsim::FwdParams& p, const Tensor& q, maxsim::DType dt,
+                                   const std::vector<int64_t>& shape, int64_t max_lq,
+                                   bool with_argmax) {
   const auto f32 = q.options().dtype(at::kFloat);
   Tensor scores = at::empty(shape, f32);
   Tensor argmax;
@@ -151,8 +135,11 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
     argmax = at::empty({0}, q.options().dtype(at::kInt));
   }
   p.scores = scores.data_ptr<float>();
-  const maxsim::DType dt = dtype_of(q);
   const maxsim::DeviceInfo dev = device_info();
+  if (p.codes != maxsim::Codes::kNone)
+    TORCH_CHECK(maxsim::fwd_supports_codes(p, dt, dev),
+                "maxsim: 8-bit documents need an sm_80+ GPU, an embedding dim that is a multiple "
+                "of 16 (at most 256) and 16-byte aligned rows");
   Tensor partial;
   if (const size_t ws = maxsim::fwd_workspace_floats(p, dt, dev)) {
     partial = at::empty({static_cast<int64_t>(ws)}, f32);
@@ -161,6 +148,81 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
   maxsim::launch_fwd(p, dt, dev, at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {scores, argmax};
+}
+
+void fill_fwd(maxsim::FwdParams& p, const Tensor& q, const Tensor& d, const OptTensor& q_offsets,
+              const OptTensor& q_lengths, const OptTensor& q_mask, const OptTensor& d_offsets,
+              const OptTensor& d_lengths, const OptTensor& d_mask, const OptTensor& pair_q,
+              const OptTensor& pair_d, int64_t layout, int64_t group, int64_t max_lq,
+              std::vector<int64_t>& shape) {
+  p.q = token_set(q, q_offsets, q_lengths, q_mask, "queries");
+  p.d = token_set(d, d_offsets, d_lengths, d_mask, "documents");
+  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
+  p.dim = static_cast<int>(q.size(-1));
+  if (q.dim() == 3) TORCH_CHECK(max_lq == q.size(1), "maxsim: max_lq must equal the padded query length");
+  TORCH_CHECK(max_lq >= 0, "maxsim: max_lq must be >= 0");
+  p.max_lq = static_cast<int>(max_lq);
+}
+
+std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const OptTensor& q_offsets,
+                               const OptTensor& q_lengths, const OptTensor& q_mask,
+                               const OptTensor& d_offsets, const OptTensor& d_lengths,
+                               const OptTensor& d_mask, const OptTensor& pair_q,
+                               const OptTensor& pair_d, int64_t layout, int64_t group,
+                               int64_t max_lq, bool with_argmax, bool tf32) {
+  (void)tf32;  // fp32 always takes the exact path
+  check_pair(q_in, d_in);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
+  maxsim::FwdParams p;
+  std::vector<int64_t> shape;
+  fill_fwd(p, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
+           layout, group, max_lq, shape);
+  return run_fwd(p, q, dtype_of(q), shape, max_lq, with_argmax);
+}
+
+// One fp32 scale per token row of `x` (all dims but the last), on its device.
+const float* scale_ptr(const OptTensor& scale, const Tensor& x, const char* name) {
+  if (!scale.has_value()) return nullptr;
+  TORCH_CHECK(scale->scalar_type() == at::kFloat, "maxsim: ", name, " must be float32, got ", scale->scalar_type());
+  TORCH_CHECK(scale->device() == x.device(), "maxsim: ", name, " must be on ", x.device());
+  TORCH_CHECK(scale->is_contiguous(), "maxsim: ", name, " must be contiguous");
+  TORCH_CHECK(scale->numel() * x.size(-1) == x.numel(), "maxsim: ", name, " must have one entry per token");
+  return scale->data_ptr<float>();
+}
+
+// Inference on scaled tokens: documents as int8 / float8_e4m3fn codes with d_scale (or in the
+// queries' dtype without it), queries fp16 / bf16 with an optional per-row q_scale. Scores are
+// sum_i q_scale_i * max_j d_scale_j * <q_i, d_j>, accumulated in fp32.
+std::tuple<Tensor, Tensor> fwd_scaled(const Tensor& q_in, const OptTensor& q_scale, const Tensor& d_in,
+                                      const OptTensor& d_scale, const OptTensor& q_offsets,
+                                      const OptTensor& q_lengths, const OptTensor& q_mask,
+                                      const OptTensor& d_offsets, const OptTensor& d_lengths,
+                                      const OptTensor& d_mask, const OptTensor& pair_q,
+                                      const OptTensor& pair_d, int64_t layout, int64_t group,
+                                      int64_t max_lq, bool with_argmax) {
+  const maxsim::DType dt = dtype_of(q_in);
+  TORCH_CHECK(dt != maxsim::DType::kF32, "maxsim: scaled scoring takes float16 or bfloat16 queries");
+  TORCH_CHECK(q_in.device() == d_in.device(), "maxsim: queries and documents are on different devices");
+  TORCH_CHECK(q_in.size(-1) == d_in.size(-1), "maxsim: queries and documents differ in embedding dim");
+  maxsim::Codes codes = maxsim::Codes::kNone;
+  if (d_in.scalar_type() == at::kChar) codes = maxsim::Codes::kInt8;
+  else if (d_in.scalar_type() == at::kFloat8_e4m3fn) codes = maxsim::Codes::kE4m3;
+  else TORCH_CHECK(d_in.scalar_type() == q_in.scalar_type(), "maxsim: documents must be int8 or float8_e4m3fn codes, or in the queries' dtype");
+  TORCH_CHECK((codes != maxsim::Codes::kNone) == d_scale.has_value(), "maxsim: d_scale goes with 8-bit documents, and only with them");
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const Tensor q = q_in.contiguous();
+  Tensor d = d_in.contiguous();
+  // The kernels copy 16 bytes at a time: a view starting mid-row gets an aligned copy.
+  if (reinterpret_cast<uintptr_t>(d.data_ptr()) % 16 != 0) d = d.clone();
+  maxsim::FwdParams p;
+  std::vector<int64_t> shape;
+  fill_fwd(p, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
+           layout, group, max_lq, shape);
+  p.codes = codes;
+  p.q_scale = scale_ptr(q_scale, q, "q_scale");
+  p.d_scale = scale_ptr(d_scale, d, "d_scale");
+  return run_fwd(p, q, dt, shape, max_lq, with_argmax);
 }
 
 // Stable order of the pairs by one side, with CSR pointers (all on the device, no sync).
@@ -387,6 +449,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
   m.def(
       "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
       "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor, Tensor)");
+  m.def(
+      "fwd_scaled(Tensor q, Tensor? q_scale, Tensor d, Tensor? d_scale, Tensor? q_offsets, "
+      "Tensor? q_lengths, Tensor? q_mask, Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, "
+      "Tensor? pair_q, Tensor? pair_d, int layout, int group, int max_lq, bool with_argmax) "
+      "-> (Tensor, Tensor)");
   m.def("ce(Tensor scores, Tensor? targets, float scale) -> (Tensor, Tensor)");
   m.def(
       "contrastive_step(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
@@ -396,6 +463,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
 
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, m) {
   m.impl("fwd", &fwd);
+  m.impl("fwd_scaled", &fwd_scaled);
   m.impl("bwd", &bwd);
   m.impl("ce", &ce);
   m.impl("contrastive_step", &contrastive_step);

@@ -83,20 +83,11 @@ def forward(
     ``scores.shape + [max_lq]`` when computed, else ``[0]``.
     """
     ops = select_ops(q.x.device, backend)
+    sets = (q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, pair_q, pair_d)
+    if q.scale is not None or d.scale is not None:  # quantized tokens (quantize.scaled_operands)
+        return ops.fwd_scaled(
+            q.x, q.scale, d.x, d.scale, *sets, layout, group, max_lq, want_argmax
+        )
     return ops.fwd(
-        q.x,
-        d.x,
-        q.offsets,
-        q.lengths,
-        q.mask,
-        d.offsets,
-        d.lengths,
-        d.mask,
-        pair_q,
-        pair_d,
-        layout,
-        group,
-        max_lq,
-        want_argmax or needs_grad(q.x, d.x),
-        False,
+        q.x, d.x, *sets, layout, group, max_lq, want_argmax or needs_grad(q.x, d.x), False
     )

@@ -8,6 +8,7 @@ import math
 from . import validation as check
 from .dispatch import select_ops
 from .native import maxsim, padded_sets
+from .quantize import resolve
 from .settings import debug_enabled
 
 
@@ -49,6 +50,7 @@ def contrastive_step(
     optimizer directly.
     """
     _check_temperature(temperature)
+    Q, D = resolve(Q, D)  # gradients are of the dequantized tokens
     q, d, layout, group = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths)
     nq = q.x.size(0)
     cols = d.x.size(0) if D.dim() == 3 else group

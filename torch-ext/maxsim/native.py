@@ -9,27 +9,42 @@ import torch
 import torch.nn.functional as F
 
 from . import validation as check
-from .dispatch import forward
+from .dispatch import forward, select_ops
 from .layouts import ALLPAIRS, GROUPED, PAIRS
-from .quantize import resolve
+from .quantize import QuantizedTokens, resolve, scaled_operands
 
 
 def _normalized(x: torch.Tensor, normalize: bool) -> torch.Tensor:
     return F.normalize(x, dim=-1) if normalize else x
 
 
-def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None):
-    """Validated token sets of a padded call: ``(q, d, layout, group)``; 3-D ``D`` is all pairs,
-    4-D ``D`` each query's own candidates. Quantized inputs are dequantized (fp32)."""
+def operands(Q, D, normalize, backend):
+    """``(Q, D, q_scale, d_scale)``: quantized inputs as the CUDA kernels' scaled operands where
+    they apply (8-bit codes stay 8-bit), else dequantized to fp32 (scales None); float inputs cast
+    under autocast."""
+    quantized = type(Q) is QuantizedTokens or type(D) is QuantizedTokens
+    if quantized and isinstance(Q, (torch.Tensor, QuantizedTokens)):
+        scaled = scaled_operands(Q, D, normalize=normalize, ops=select_ops(Q.device, backend))
+        if scaled is not None:
+            return scaled[0], scaled[2], scaled[1], scaled[3]
     Q, D = check.autocast_pair(*resolve(Q, D))
+    return Q, D, None, None
+
+
+def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None, backend="auto"):
+    """Validated token sets of a padded call: ``(q, d, layout, group)``; 3-D ``D`` is all pairs,
+    4-D ``D`` each query's own candidates. Quantized inputs: see :func:`operands`."""
+    Q, D, q_scale, d_scale = operands(Q, D, normalize, backend)
+    codes = d_scale is not None
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
         raise ValueError(
             f"D: expected 3-D [Nd, Ld, H] or 4-D [Nq, K, Ld, H], got shape {tuple(D.shape)}"
         )
-    D = check.embeddings("D", D, ("Nd", "Ld", "H") if D.dim() == 3 else ("Nq", "K", "Ld", "H"))
-    check.same_space("Q", Q, "D", D)
+    dims = ("Nd", "Ld", "H") if D.dim() == 3 else ("Nq", "K", "Ld", "H")
+    D = check.embeddings("D", D, dims, codes=codes)
+    check.same_space("Q", Q, "D", D, same_dtype=not codes)
     nq = Q.size(0)
     q = check.padded(
         _normalized(Q, normalize), lengths=q_lengths, lengths_name="q_lengths", m=q_mask,
@@ -58,13 +73,15 @@ def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None)
             mask_name="d_mask",
         )
         layout, group = GROUPED, D.size(1)
-    return q, d, layout, group
+    return q._replace(scale=q_scale), d._replace(scale=d_scale), layout, group
 
 
 def _padded_call(
     Q, D, q_mask, d_mask, normalize, backend, want_argmax, q_lengths=None, d_lengths=None
 ):
-    q, d, layout, group = padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths)
+    q, d, layout, group = padded_sets(
+        Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, backend
+    )
     return forward(
         q, d, layout, group=group, max_lq=q.x.size(1), want_argmax=want_argmax, backend=backend
     )
@@ -105,16 +122,18 @@ def maxsim_pairs(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="au
     Shapes: Q ``[B, Lq, H]``, D ``[B, Ld, H]``, q_mask ``[B, Lq]``, d_mask ``[B, Ld]``
     -> ``[B]`` fp32.
     """
-    Q, D = check.autocast_pair(*resolve(Q, D))
+    Q, D, q_scale, d_scale = operands(Q, D, normalize, backend)
+    codes = d_scale is not None
     Q = check.embeddings("Q", Q, ("B", "Lq", "H"))
-    D = check.embeddings("D", D, ("B", "Ld", "H"))
-    check.same_space("Q", Q, "D", D)
+    D = check.embeddings("D", D, ("B", "Ld", "H"), codes=codes)
+    check.same_space("Q", Q, "D", D, same_dtype=not codes)
     if D.size(0) != Q.size(0):
         raise ValueError(
             f"D: expected {Q.size(0)} documents, one per query in Q, got shape {tuple(D.shape)}"
         )
     q = check.padded(_normalized(Q, normalize), m=q_mask, mask_name="q_mask")
     d = check.padded(_normalized(D, normalize), m=d_mask, mask_name="d_mask")
+    q, d = q._replace(scale=q_scale), d._replace(scale=d_scale)
     scores, _ = forward(
         q, d, GROUPED, group=1, max_lq=Q.size(1), want_argmax=False, backend=backend
     )
@@ -146,10 +165,11 @@ def maxsim_varlen(
     Without ``max_seqlen_q`` (>= the longest query) the longest query is read from
     ``cu_seqlens_q``: one device->host sync; pass it to keep the call sync-free.
     """
-    q, d = check.autocast_pair(*resolve(q, d))
+    q, d, q_scale, d_scale = operands(q, d, normalize, backend)
+    codes = d_scale is not None
     q = check.embeddings("q", q, ("Tq", "H"))
-    d = check.embeddings("d", d, ("Td", "H"))
-    check.same_space("q", q, "d", d)
+    d = check.embeddings("d", d, ("Td", "H"), codes=codes)
+    check.same_space("q", q, "d", d, same_dtype=not codes)
     queries = check.packed(
         _normalized(q, normalize),
         cu_seqlens_q,
@@ -164,6 +184,7 @@ def maxsim_varlen(
         m=d_mask,
         mask_name="d_mask",
     )
+    queries, docs = queries._replace(scale=q_scale), docs._replace(scale=d_scale)
     layout, group, pair_ids = ALLPAIRS, 0, (None, None)
     if (pair_q is None) != (pair_d is None):
         given, missing = ("pair_q", "pair_d") if pair_d is None else ("pair_d", "pair_q")

@@ -2,12 +2,15 @@
 token, so that a stored index takes about half the bytes of fp16.
 
 Every inference entry point takes a :class:`QuantizedTokens` for ``Q`` or ``D``. Scores are those of
-the dequantized values, computed exactly (fp32 accumulation of each code times its token's scale):
-the ranking matches float64 arithmetic on ``dequantize(x)``. This release computes them by
-dequantizing to fp32 (on CUDA the exact fp32 kernel, per chunk in ``retrieve``); 8-bit tensor-core
-kernels are not written yet, so quantized inputs save storage, not time.
+the dequantized values, computed exactly: the ranking matches float64 arithmetic on
+``dequantize(x)``. On CUDA (sm_80+, embedding dim a multiple of 16 up to 256) the documents' codes
+stream through the tensor-core kernels at one byte per value: every int8 and e4m3 code is exact in
+fp16 / bf16, so each code product is exact in fp32, and the token scales multiply the fp32 dot
+products before the max. Elsewhere (CPU, other dims, fp32 queries, or a call that needs gradients
+or ``normalize=True``) the codes are dequantized to fp32 and take the exact fp32 path.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -102,3 +105,50 @@ def resolve(*xs):
         else x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
         for x in xs
     )
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_cores(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def scaled_operands(Q, D, *, normalize: bool, ops):
+    """``(Q, q_scale, D, d_scale)`` for the CUDA kernels' ``fwd_scaled`` when a quantized call can
+    run on them, else None (the call then dequantizes). Quantized queries become their codes in
+    fp16 / bf16 (exact) with ``q_scale``; quantized documents stay 8-bit codes with ``d_scale``."""
+    q_quant, d_quant = type(Q) is QuantizedTokens, type(D) is QuantizedTokens
+    if not (q_quant or d_quant) or normalize or not hasattr(ops, "fwd_scaled"):
+        return None
+    if not (
+        isinstance(Q, (torch.Tensor, QuantizedTokens))
+        and isinstance(D, (torch.Tensor, QuantizedTokens))
+    ):
+        return None
+    dim = Q.size(-1)
+    if dim != D.size(-1) or dim % 16 or dim > 256 or Q.device != D.device:
+        return None
+    if Q.device.type != "cuda" or not _tensor_cores(Q.device):
+        return None
+    if q_quant and d_quant:
+        dtype = torch.float16
+    elif q_quant:
+        dtype = D.dtype
+    else:
+        dtype = Q.dtype
+    if dtype not in _HALF:
+        return None
+    float_side = D if q_quant and not d_quant else Q if not q_quant else None
+    if float_side is not None and float_side.requires_grad and torch.is_grad_enabled():
+        return None  # gradients go through the dequantized, differentiable path
+    if q_quant:
+        q, q_scale = Q.codes.to(dtype), Q.scale.float().contiguous()
+    else:
+        q, q_scale = Q, None
+    if d_quant:
+        d, d_scale = D.codes, D.scale.float().contiguous()
+    else:
+        d, d_scale = D, None
+    return q, q_scale, d, d_scale

@@ -55,6 +55,10 @@ def _fwd_fake(
     return scores, argmax
 
 
+def _fwd_scaled_fake(q, q_scale, d, d_scale, *rest):
+    return _fwd_fake(q, d, *rest, False)
+
+
 def _bwd_fake(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group):
     # Contiguous like the real kernels' outputs, whatever the strides of q and d.
     return (
@@ -122,9 +126,11 @@ def _ce_backward(ctx, grad_loss, grad_grad):
 
 
 def register_fakes(namespace: str) -> None:
-    """Register the fake kernels of ``fwd`` / ``bwd`` / ``ce`` on ``namespace``."""
+    """Register the fake kernels of the ops on ``namespace``."""
     torch.library.register_fake(f"{namespace}::fwd", _fwd_fake)
     torch.library.register_fake(f"{namespace}::bwd", _bwd_fake)
+    if hasattr(getattr(torch.ops, namespace), "fwd_scaled"):  # CUDA extension only
+        torch.library.register_fake(f"{namespace}::fwd_scaled", _fwd_scaled_fake)
     torch.library.register_fake(f"{namespace}::ce", _ce_fake)
     torch.library.register_fake(f"{namespace}::contrastive_step", _step_fake)
 

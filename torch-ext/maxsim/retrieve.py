@@ -3,9 +3,9 @@
 import torch
 
 from . import validation as check
-from .dispatch import forward
+from .dispatch import forward, select_ops
 from .layouts import ALLPAIRS
-from .quantize import QuantizedTokens
+from .quantize import QuantizedTokens, scaled_operands
 from .settings import memory_budget_bytes
 
 # Bytes per (query, candidate document) while merging: score, key, and their concatenated copies.
@@ -32,33 +32,52 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
     -> scores ``[Nq, top_k]`` fp32 descending, indices ``[Nq, top_k]`` int64.
     The corpus is scored ``chunk_size`` documents at a time (default: as many as the
     ``MAXSIM_TORCH_MEMORY_MB`` budget holds), merging each chunk into the running top-k.
-    A quantized corpus (:func:`maxsim.quantize`) is dequantized one chunk at a time.
+    A quantized corpus (:func:`maxsim.quantize`) streams its 8-bit codes through the CUDA kernels
+    where they apply (see :mod:`maxsim.quantize`), else it is dequantized one chunk at a time.
     """
-    if isinstance(Q, QuantizedTokens):
-        Q = Q.dequantize()
     quantized = isinstance(corpus, QuantizedTokens)
-    if quantized:  # checked through an empty fp32 stand-in: nothing is dequantized up front
-        check.embeddings("corpus", corpus.codes[:0].float(), ("Nd", "Ld", "H"))
-        Q = Q.float() if isinstance(Q, torch.Tensor) and Q.is_floating_point() else Q
+    scaled = None  # the kernels' scaled operands, worked out on an empty slice of the corpus
+    if (quantized or isinstance(Q, QuantizedTokens)) and isinstance(
+        Q, (torch.Tensor, QuantizedTokens)
+    ):
+        ops = select_ops(Q.device, backend)
+        scaled = scaled_operands(Q, corpus[:0], normalize=False, ops=ops)
+    q_scale = None
+    if scaled is not None:
+        Q, q_scale = scaled[0], scaled[1]
+    elif isinstance(Q, QuantizedTokens):
+        Q = Q.dequantize()
+    codes = quantized and scaled is not None
+    if quantized:  # checked through an empty stand-in: nothing is converted up front
+        stand_in = corpus.codes[:0] if codes else corpus.codes[:0].float()
+        check.embeddings("corpus", stand_in, ("Nd", "Ld", "H"), codes=True)
+        if not codes and isinstance(Q, torch.Tensor) and Q.is_floating_point():
+            Q = Q.float()
     else:
-        corpus = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
+        corpus = stand_in = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
-    check.same_space("Q", Q, "corpus", corpus.codes[:0].float() if quantized else corpus)
+    check.same_space("Q", Q, "corpus", stand_in, same_dtype=not codes)
     nq, lq = Q.shape[:2]
     nd = corpus.size(0)
     top_k = check.integer("top_k", top_k, 0, nd)
     if chunk_size is None:
         chunk_size = max(1, memory_budget_bytes() // (max(nq, 1) * _CANDIDATE_BYTES))
     chunk_size = check.integer("chunk_size", chunk_size, 1)
-    q = check.padded(Q, m=q_mask, mask_name="q_mask")
+    q = check.padded(Q, m=q_mask, mask_name="q_mask")._replace(scale=q_scale)
     d_mask = check.mask("d_mask", d_mask, corpus.shape[:2], corpus.device)
 
     best_scores = torch.empty((nq, 0), dtype=torch.float32, device=Q.device)
     best_keys = torch.empty((nq, 0), dtype=torch.int64, device=Q.device)
     for start in range(0, nd, chunk_size):
         stop = min(start + chunk_size, nd)
-        chunk = corpus[start:stop].dequantize() if quantized else corpus[start:stop]
-        d = check.TokenSet(chunk, mask=None if d_mask is None else d_mask[start:stop])
+        chunk, chunk_scale = corpus[start:stop], None
+        if codes:
+            chunk, chunk_scale = chunk.codes, chunk.scale.float()
+        elif quantized:
+            chunk = chunk.dequantize()
+        d = check.TokenSet(
+            chunk, mask=None if d_mask is None else d_mask[start:stop], scale=chunk_scale
+        )
         scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
         candidates = torch.cat([best_scores, scores], dim=1)
         keys = torch.cat([best_keys, _rank_keys(scores, start)], dim=1)

@@ -12,6 +12,7 @@ import torch
 from .settings import debug_enabled
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CODE_DTYPES = (torch.int8, torch.float8_e4m3fn)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -26,6 +27,7 @@ class TokenSet(NamedTuple):
     offsets: Optional[torch.Tensor] = None
     lengths: Optional[torch.Tensor] = None
     mask: Optional[torch.Tensor] = None
+    scale: Optional[torch.Tensor] = None  # fp32, one per token: quantized tokens on CUDA
 
     @property
     def count(self) -> int:
@@ -41,8 +43,9 @@ def require_tensor(name: str, t, what: str) -> None:
         raise TypeError(f"{name}: expected a tensor {what}, got {type(t).__name__}")
 
 
-def embeddings(name: str, x, dims: tuple) -> torch.Tensor:
-    """Token vectors ``x`` of rank ``len(dims)``, e.g. ``("N", "L", "H")``.
+def embeddings(name: str, x, dims: tuple, *, codes: bool = False) -> torch.Tensor:
+    """Token vectors ``x`` of rank ``len(dims)``, e.g. ``("N", "L", "H")``; ``codes=True`` also
+    accepts the 8-bit codes of quantized tokens.
 
     Returned as is unless ``x.stride(-1) != 1`` (then a contiguous copy).
     """
@@ -50,7 +53,7 @@ def embeddings(name: str, x, dims: tuple) -> torch.Tensor:
     require_tensor(name, x, what)
     if x.dim() != len(dims):
         raise ValueError(f"{name}: expected {len(dims)}-D {what}, got shape {_shape(x)}")
-    if x.dtype not in FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES and not (codes and x.dtype in CODE_DTYPES):
         raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {x.dtype}")
     if x.size(-1) == 0:
         raise ValueError(f"{name}: expected a non-empty embedding dim H, got shape {_shape(x)}")
@@ -73,9 +76,12 @@ def autocast_pair(q, d):
     return q, d
 
 
-def same_space(q_name: str, q: torch.Tensor, d_name: str, d: torch.Tensor) -> None:
-    """Queries and documents share dtype, embedding dim and device."""
-    if d.dtype != q.dtype:
+def same_space(
+    q_name: str, q: torch.Tensor, d_name: str, d: torch.Tensor, *, same_dtype: bool = True
+) -> None:
+    """Queries and documents share dtype (unless ``same_dtype=False``), embedding dim and
+    device."""
+    if same_dtype and d.dtype != q.dtype:
         raise TypeError(f"{d_name}: expected dtype {q.dtype} to match {q_name}, got {d.dtype}")
     if d.size(-1) != q.size(-1):
         raise ValueError(

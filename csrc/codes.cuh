@@ -1,0 +1,75 @@
+// 8-bit document codes (INT8, FP8 e4m3) turned into fp16 / bf16 tensor-core operands.
+//
+// Every int8 and every e4m3 value is exactly representable in fp16 and in bf16, and the products
+// of two fp16 (or bf16) values are exact in the fp32 accumulator, so the 8-bit codes can run the
+// 16-bit mma unchanged: memory traffic is halved, no precision is lost, and the per-token scale
+// is applied to each fp32 dot product before the max. The conversions are a few integer ops per
+// pair (no cvt through fp32 for fp16), cheap next to the bytes they save.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <type_traits>
+
+namespace maxsim {
+
+// Document storage tags: Plain means documents in the queries' dtype.
+struct Plain {};
+struct Int8Codes {};
+struct E4m3Codes {};
+
+template <typename DT>
+constexpr bool kIsCodes = std::is_same_v<DT, Int8Codes> || std::is_same_v<DT, E4m3Codes>;
+
+// Factor the pairs below leave out of each value, folded into the token's scale instead: e4m3
+// bits placed into an fp16 land exactly 2^-8 below their value (a power of two: exact).
+template <typename DT, typename T>
+constexpr float kCodeFold = std::is_same_v<DT, E4m3Codes> && std::is_same_v<T, __half> ? 256.f : 1.f;
+
+// Four codes (bytes 0..3 of w) -> two operand registers: lo = (c0, c1), hi = (c2, c3), as T pairs
+// (times 1 / kCodeFold).
+template <typename DT, typename T>
+__device__ __forceinline__ void codes_to_pairs(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (std::is_same_v<DT, Int8Codes> && std::is_same_v<T, __half>) {
+    // x + 128 as the low mantissa byte of 1024 (0x64xx): exact, then subtract 1152.
+    const uint32_t u = w ^ 0x80808080u;
+    uint32_t a = __byte_perm(u, 0x64646464u, 0x4140), b = __byte_perm(u, 0x64646464u, 0x4342);
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    __half2 ha = __hsub2(*reinterpret_cast<__half2*>(&a), bias);
+    __half2 hb = __hsub2(*reinterpret_cast<__half2*>(&b), bias);
+    lo = *reinterpret_cast<uint32_t*>(&ha);
+    hi = *reinterpret_cast<uint32_t*>(&hb);
+  } else if constexpr (std::is_same_v<DT, Int8Codes>) {
+    // bf16 has too few mantissa bits for the byte trick: x + 128 as the low byte of 2^23 in fp32.
+    const uint32_t u = w ^ 0x80808080u;
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      f[i] = __uint_as_float(__byte_perm(u, 0x4B00u, 0x5440 + i)) - 8388736.f;
+    __nv_bfloat162 ba = __floats2bfloat162_rn(f[0], f[1]), bb = __floats2bfloat162_rn(f[2], f[3]);
+    lo = *reinterpret_cast<uint32_t*>(&ba);
+    hi = *reinterpret_cast<uint32_t*>(&bb);
+  } else {
+    static_assert(std::is_same_v<DT, E4m3Codes>, "unknown code type");
+    // Each byte moved to the top of its 16-bit half: sign | eeee mmm.
+    const uint32_t ta = __byte_perm(w, 0u, 0x1404), tb = __byte_perm(w, 0u, 0x3424);
+    if constexpr (std::is_same_v<T, __half>) {
+      // fp16 s eeeee mmmmmmmmmm: the code's 7 bits one place down give value * 2^-8, subnormal
+      // codes included (they land on fp16 subnormals).
+      lo = (ta & 0x80008000u) | ((ta >> 1) & 0x3F803F80u);
+      hi = (tb & 0x80008000u) | ((tb >> 1) & 0x3F803F80u);
+    } else {
+      // bf16 s eeeeeeee mmmmmmm: four places down gives value * 2^-120; scale back by 2^120
+      // here (2^-120 times a query value would leave the fp32 normal range).
+      uint32_t a = (ta & 0x80008000u) | ((ta >> 4) & 0x07F007F0u);
+      uint32_t b = (tb & 0x80008000u) | ((tb >> 4) & 0x07F007F0u);
+      const __nv_bfloat162 up = __halves2bfloat162(__ushort_as_bfloat16(0x7B80), __ushort_as_bfloat16(0x7B80));
+      __nv_bfloat162 ba = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), up);
+      __nv_bfloat162 bb = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&b), up);
+      lo = *reinterpret_cast<uint32_t*>(&ba);
+      hi = *reinterpret_cast<uint32_t*>(&bb);
+    }
+  }
+}
+
+}  // namespace maxsim

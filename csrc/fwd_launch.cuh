@@ -1,0 +1,137 @@
+// Tile shapes of the tensor-core forward and the launch of one instance: shared by the planner
+// (fwd.cu) and the translation units that instantiate each document storage (fwd_codes_*.cu), so
+// the 8-bit variants compile in parallel with the 16-bit ones.
+#pragma once
+#include <algorithm>
+#include <type_traits>
+#include "fwd_tc.cuh"
+#include "launch.h"
+
+namespace maxsim {
+namespace fwd_detail {
+
+// Tile shapes. Why each exists:
+//  kSmall  32 x 64,  4 warps: one short query (Lq <= 32) against streamed documents; the
+//          memory-bound reranking case; 3 stages leave room for 3 blocks per SM.
+//  kMedium 64 x 64,  4 warps: queries of 33..64 tokens (or slices of long queries, D > 128).
+//  kLarge  128 x 128, 8 warps: long queries or several short queries of an all-pairs batch; the
+//          compute-bound case, where a 64 x 32 warp tile keeps ldmatrix traffic low per mma;
+//          2 stages fit two blocks per SM.
+enum class Tile { kSimt, kSmall, kMedium, kLarge };
+
+template <Tile> struct TileShape;
+template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 3; };
+template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
+template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 2; };
+
+struct Plan {
+  Tile tile = Tile::kSimt;
+  FwdGrid grid{1, 1, 1, 1, 1};
+  int blocks = 0;
+};
+
+template <typename T, typename DT, Tile kTile>
+using TileCfg = FwdTC<T, DT, TileShape<kTile>::BM, TileShape<kTile>::BN, TileShape<kTile>::WM,
+                      TileShape<kTile>::WN, TileShape<kTile>::STAGES, false>;
+
+template <typename T, typename DT, Tile kTile, bool kArgmax, int kDim>
+constexpr auto tc_kernel() {
+  using S = TileShape<kTile>;
+  return fwd_tc_kernel<T, DT, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, kDim>;
+}
+
+// Blocks of a tile kernel resident per SM (registers and shared memory), asked once per device.
+template <typename T, typename DT, Tile kTile, bool kArgmax, int kDim>
+int resident_blocks(int dim) {
+  using Cfg = TileCfg<T, DT, kTile>;
+  constexpr auto kernel = tc_kernel<T, DT, kTile, kArgmax, kDim>();
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (kDim > 0 && device < kMaxDevices && cached[device] > 0) return cached[device];
+  const size_t smem = Cfg::smem_bytes(dim);
+  allow_smem<kernel>(smem);
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();  // a planning hint only: keep the error off the launch check
+    blocks = 1;
+  }
+  blocks = std::max(blocks, 1);
+  if (kDim > 0 && device < kMaxDevices) cached[device] = blocks;
+  return blocks;
+}
+
+template <typename T, typename DT, Tile kTile, bool kArgmax>
+void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
+  using Cfg = TileCfg<T, DT, kTile>;
+  // ColBERT / ColPali embeddings are 128-wide: that dim gets a fully unrolled k loop.
+  constexpr auto k128 = tc_kernel<T, DT, kTile, kArgmax, 128>();
+  constexpr auto kAny = tc_kernel<T, DT, kTile, kArgmax, 0>();
+  const size_t smem = Cfg::smem_bytes(p.dim);
+  if (p.dim == 128) {
+    allow_smem<k128>(smem);
+    k128<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+  } else {
+    allow_smem<kAny>(smem);
+    kAny<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+  }
+}
+
+template <typename F>
+void with_type(DType dtype, F&& f) {
+  if (dtype == DType::kBF16) f(__nv_bfloat16{});
+  else f(__half{});
+}
+
+template <typename F>
+void with_tile(Tile tile, F&& f) {
+  switch (tile) {
+    case Tile::kSmall: f(std::integral_constant<Tile, Tile::kSmall>{}); break;
+    case Tile::kMedium: f(std::integral_constant<Tile, Tile::kMedium>{}); break;
+    case Tile::kLarge: f(std::integral_constant<Tile, Tile::kLarge>{}); break;
+    default: break;
+  }
+}
+
+// What the planner and the launcher need of one document storage DT (Plain: the query dtype).
+// Out-of-line templates, so that `extern template` keeps each storage's kernels in its own
+// translation unit.
+template <typename DT>
+int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
+  int blocks = 1;
+  with_type(dtype, [&](auto type_tag) {
+    using T = decltype(type_tag);
+    with_tile(tile, [&](auto tile_tag) {
+      constexpr Tile kTile = decltype(tile_tag)::value;
+      const bool d128 = p.dim == 128;
+      if (p.argmax != nullptr)
+        blocks = d128 ? resident_blocks<T, DT, kTile, true, 128>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
+      else
+        blocks = d128 ? resident_blocks<T, DT, kTile, false, 128>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
+    });
+  });
+  return blocks;
+}
+
+template <typename DT>
+void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStream_t stream) {
+  with_type(dtype, [&](auto type_tag) {
+    using T = decltype(type_tag);
+    with_tile(plan.tile, [&](auto tile_tag) {
+      constexpr Tile kTile = decltype(tile_tag)::value;
+      if (p.argmax != nullptr) launch_tc<T, DT, kTile, true>(p, plan, stream);
+      else launch_tc<T, DT, kTile, false>(p, plan, stream);
+    });
+  });
+}
+
+// Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu).
+#define MAXSIM_CODE_STORAGE(EXTERN, DT)                                                      \
+  EXTERN template int storage_resident<DT>(Tile, const FwdParams&, DType);                  \
+  EXTERN template void storage_launch<DT>(const FwdParams&, const Plan&, DType, cudaStream_t);
+MAXSIM_CODE_STORAGE(extern, Int8Codes)
+MAXSIM_CODE_STORAGE(extern, E4m3Codes)
+
+}  // namespace fwd_detail
+}  // namespace maxsim

@@ -1,0 +1,297 @@
+"""GPU-only checks of the 8-bit (int8 / fp8 e4m3) tensor-core kernels: a quantized input must
+stream its codes through ``fwd_scaled`` (never dequantize) and score like float64 arithmetic on
+its dequantized values, with the float64 argmax wherever that argmax is clear of near-ties."""
+
+import maxsim
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import fill_invalid, offsets_of, prefix, random_lengths, random_mask
+from maxsim import QuantizedTokens
+from maxsim.layouts import ALLPAIRS
+from maxsim.quantize import scaled_operands
+
+CUDA_OK = (
+    torch.cuda.is_available()
+    and maxsim.cuda_ops()[0] is not None
+    and torch.cuda.get_device_capability() >= (8, 0)
+)
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not CUDA_OK, reason="needs the CUDA extension on an sm_80+ GPU"),
+]
+DEVICE = "cuda"
+FORMATS = ["int8", "fp8_e4m3"]
+HALF = [torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def kernel_route(monkeypatch):
+    """Fails any call that dequantizes instead of taking the 8-bit kernels."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("quantized tokens were dequantized instead of scored as codes")
+
+    monkeypatch.setattr(QuantizedTokens, "dequantize", refuse)
+    monkeypatch.setattr("maxsim.native.resolve", refuse)
+
+
+def tokens(*shape):
+    return F.normalize(torch.randn(shape), dim=-1)
+
+
+def padded(n, width, h, masks=True):
+    """Unit tokens ``[n, width, h]`` on the GPU, and with ``masks`` prefix lengths (0 and width
+    among them), a mask with holes, and junk in the invalid tokens: ``x, lengths, mask, valid``."""
+    x, lengths, mask = tokens(n, width, h), None, None
+    valid = torch.ones(n, width, dtype=torch.bool)
+    if masks:
+        lengths, mask = random_lengths(n, width), random_mask((n, width))
+        valid = prefix(lengths, width) & mask
+        x = fill_invalid(x, valid)
+    return tuple(None if t is None else t.to(DEVICE) for t in (x, lengths, mask, valid))
+
+
+def deq(x):
+    if isinstance(x, QuantizedTokens):
+        return x.codes.double() * x.scale.double()[..., None]
+    return x.double()
+
+
+def reference(Q, D, q_valid=None, d_valid=None):
+    """float64 MaxSim of every query with every document: scores ``[Nq, Nd]``, argmax
+    ``[Nq, Nd, Lq]`` (first best index, -1 where nothing is valid), and where that argmax is
+    clear (best over the next distinct value > 1e-5 of the row's magnitude)."""
+    sim = torch.einsum("qih,djh->qdij", deq(Q), deq(D))
+    if d_valid is not None:
+        sim = sim.masked_fill(~d_valid[None, :, None, :], float("-inf"))
+    best = sim.amax(-1)
+    top = sim == best[..., None]
+    argmax = torch.where(top, torch.arange(sim.size(-1), device=sim.device), sim.size(-1))
+    argmax = argmax.amin(-1)
+    second = sim.masked_fill(top, float("-inf")).amax(-1)
+    clear = best - second > 1e-5 * torch.where(sim.isinf(), 0.0, sim).abs().amax(-1)
+    empty = best.isinf()
+    if q_valid is not None:
+        empty = empty | ~q_valid[:, None, :]
+    best, argmax = best.masked_fill(empty, 0.0), argmax.masked_fill(empty, -1)
+    return best.sum(-1), argmax, clear | empty
+
+
+def grouped(ref, k):
+    """The reference restricted to query i with documents i*k .. i*k+k-1."""
+    i = torch.arange(ref[0].size(0), device=ref[0].device)
+    return tuple(r.view(r.size(0), -1, k, *r.shape[2:])[i, i] for r in ref)
+
+
+def check(scores, argmax, ref, tol=1e-5):
+    want, want_argmax, clear = ref
+    assert scores.dtype == torch.float32 and scores.shape == want.shape
+    err = float((scores.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    assert err <= tol, f"relative error {err:.2e} > {tol:.0e}"
+    if argmax is not None:
+        assert argmax.dtype == torch.int32 and argmax.shape == want_argmax.shape
+        assert torch.equal(argmax[clear].long(), want_argmax[clear]), "argmax differs"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_which_calls_take_the_8bit_kernels(fmt):
+    route = dict(normalize=False, ops=maxsim.cuda_ops()[0])
+    Q, qD = tokens(2, 5, 64).to(DEVICE), maxsim.quantize(tokens(3, 7, 64).to(DEVICE), fmt)
+    for dtype in HALF:
+        assert scaled_operands(Q.to(dtype), qD, **route) is not None
+        assert scaled_operands(maxsim.quantize(Q, fmt), qD.dequantize(dtype), **route) is not None
+    assert scaled_operands(maxsim.quantize(Q, fmt), qD, **route) is not None
+    assert scaled_operands(Q, qD, **route) is None  # fp32 queries
+    assert scaled_operands(Q.half(), qD, normalize=True, ops=route["ops"]) is None
+    assert scaled_operands(Q.half().requires_grad_(), qD, **route) is None
+    q40, d40 = tokens(2, 5, 40).to(DEVICE).half(), tokens(3, 7, 40).to(DEVICE)
+    assert scaled_operands(q40, maxsim.quantize(d40, fmt), **route) is None  # dim % 16 != 0
+
+
+@pytest.mark.parametrize("case", ["dim40", "fp32-queries"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_unrouted_calls_dequantize_exactly(fmt, case):
+    h, dtype = (40, torch.float16) if case == "dim40" else (64, torch.float32)
+    Q, q_len, q_mask, q_valid = padded(3, 33, h)
+    D, d_len, d_mask, d_valid = padded(5, 70, h)
+    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    assert scaled_operands(Q, qD, normalize=False, ops=maxsim.cuda_ops()[0]) is None
+    got = maxsim.maxsim_with_argmax(Q, qD, q_mask, d_mask, q_lengths=q_len, d_lengths=d_len)
+    check(*got, reference(Q, qD, q_valid, d_valid))
+
+
+SHAPES = [  # Nq, Lq, Nd, Ld, H
+    (3, 1, 5, 1, 16),
+    (3, 31, 5, 17, 48),
+    (2, 32, 4, 64, 128),
+    (2, 33, 4, 65, 144),
+    (2, 64, 3, 300, 256),
+    (2, 96, 3, 1030, 128),
+    (2, 130, 3, 1030, 16),
+    (1, 32, 2, 4000, 128),  # few long documents: the column-split path
+    (16, 32, 300, 65, 128),  # many short queries: the 128-row all-pairs tile
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("masks", [False, True], ids=["dense", "masked"])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_allpairs(fmt, dtype, masks, shape, kernel_route):
+    nq, lq, nd, ld, h = shape
+    Q, q_len, q_mask, q_valid = padded(nq, lq, h, masks)
+    D, d_len, d_mask, d_valid = padded(nd, ld, h, masks)
+    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    kw = dict(q_mask=q_mask, d_mask=d_mask, q_lengths=q_len, d_lengths=d_len)
+    ref = reference(Q, qD, q_valid if masks else None, d_valid if masks else None)
+    check(maxsim.maxsim(Q, qD, **kw), None, ref)
+    check(*maxsim.maxsim_with_argmax(Q, qD, **kw), ref)
+
+
+@pytest.mark.parametrize("d_kind", [*FORMATS, "float16", "bfloat16"])
+@pytest.mark.parametrize("q_fmt", FORMATS)
+def test_quantized_queries(q_fmt, d_kind, kernel_route):
+    Q, q_len, q_mask, q_valid = padded(3, 33, 96)
+    D, d_len, d_mask, d_valid = padded(5, 70, 96)
+    qQ = maxsim.quantize(Q, q_fmt)
+    D = maxsim.quantize(D, d_kind) if d_kind in FORMATS else D.to(getattr(torch, d_kind))
+    got = maxsim.maxsim_with_argmax(qQ, D, q_mask, d_mask, q_lengths=q_len, d_lengths=d_len)
+    check(*got, reference(qQ, D, q_valid, d_valid))
+
+
+@pytest.mark.parametrize("shape", [(4, 32, 8, 300, 128), (3, 130, 3, 1030, 48)], ids=str)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_candidates_with_argmax(fmt, dtype, shape, kernel_route):
+    nq, lq, k, ld, h = shape
+    Q, q_len, q_mask, q_valid = padded(nq, lq, h)
+    D, d_len, d_mask, d_valid = padded(nq * k, ld, h)
+    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
+    got = maxsim.maxsim_with_argmax(
+        Q, cand, q_mask, d_mask.view(nq, k, ld), q_lengths=q_len, d_lengths=d_len.view(nq, k)
+    )
+    check(*got, grouped(reference(Q, qD, q_valid, d_valid), k))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_pairs(fmt, dtype, kernel_route):
+    Q, _, _, q_valid = padded(6, 40, 128)
+    D, _, _, d_valid = padded(6, 200, 128)
+    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    got = maxsim.maxsim_pairs(Q, qD, q_valid, d_valid)
+    check(got.view(-1, 1), None, grouped(reference(Q, qD, q_valid, d_valid), 1))
+
+
+@pytest.mark.parametrize("mode", ["allpairs", "candidates", "pairs"])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_varlen(fmt, dtype, mode, kernel_route):
+    nq, k, lq, ld, h = 4, 3, 40, 90, 128
+    Q, q_len, q_mask, q_valid = padded(nq, lq, h)
+    D, d_len, d_mask, d_valid = padded(nq * k, ld, h)
+    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    q_in, d_in = prefix(q_len, lq), prefix(d_len, ld)  # the tokens that get packed
+    packed = QuantizedTokens(qD.codes[d_in], qD.scale[d_in])
+    cu_q, cu_d = offsets_of(q_len).int(), offsets_of(d_len).int()
+    kw = dict(max_seqlen_q=lq, q_mask=q_mask[q_in], d_mask=d_mask[d_in])
+    want = reference(Q, qD, q_valid, d_valid)
+    if mode == "allpairs":
+        got = maxsim.maxsim_varlen(Q[q_in], cu_q, packed, cu_d, **kw)
+    elif mode == "candidates":
+        got = maxsim.maxsim_varlen(Q[q_in], cu_q, packed, cu_d, num_candidates=k, **kw)
+        want = grouped(want, k)
+    else:
+        pq = torch.randint(0, nq, (7,), device=DEVICE)
+        pd = torch.randint(0, nq * k, (7,), device=DEVICE)
+        got = maxsim.maxsim_varlen(Q[q_in], cu_q, packed, cu_d, pair_q=pq, pair_d=pd, **kw)
+        want = tuple(r[pq, pd] for r in want)
+    check(got, None, want)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_retrieve(fmt, dtype, kernel_route):
+    torch.manual_seed(7)  # data whose top-11 scores are well apart
+    Q, q_valid = padded(4, 32, 128, masks=False)[0], random_mask((4, 32)).to(DEVICE)
+    D, _, _, d_valid = padded(60, 40, 128)  # document 0 is empty
+    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    ref_scores = reference(Q, qD, q_valid, d_valid)[0]
+    ranked = ref_scores.sort(dim=1, descending=True).values[:, :11]
+    assert float((ranked[:, :-1] - ranked[:, 1:]).min()) > 3e-5 * float(ranked.abs().max())
+    scores, idx = maxsim.retrieve(Q, qD, 10, q_valid, d_valid, chunk_size=7)
+    want_scores, want_idx = ref_scores.topk(10, dim=1)
+    assert torch.equal(idx, want_idx)
+    check(scores, None, (want_scores, None, None))
+
+
+@pytest.mark.parametrize("ld", [50, 4000])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_duplicated_tokens_give_the_first_index(fmt, ld, kernel_route):
+    Q = tokens(3, 32, 64).to(DEVICE).half()
+    distinct = tokens(2, 6, 64)  # each document: 6 distinct tokens, repeated all over
+    D = distinct[torch.arange(2)[:, None], torch.randint(0, 6, (2, ld))]
+    qD = maxsim.quantize(D.to(DEVICE), fmt)
+    check(*maxsim.maxsim_with_argmax(Q, qD), reference(Q, qD))
+
+
+@pytest.mark.parametrize("q_size", [1e-3, 30.0])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_large_and_small_magnitudes(fmt, dtype, q_size, kernel_route):
+    Q = (tokens(3, 40, 128) * q_size).to(DEVICE, dtype)
+    size = 10.0 ** (3 * torch.randint(-1, 2, (6, 70, 1)))  # 1e-3, 1 or 1e3 per token
+    size[0], size[1] = 1e-3, 1e3  # and two documents all small / all large
+    qD = maxsim.quantize((tokens(6, 70, 128) * size).to(DEVICE), fmt)
+    scores, argmax = maxsim.maxsim_with_argmax(Q, qD)
+    want = reference(Q, qD)
+    check(scores, argmax, want)
+    for j in range(6):  # each document relative to its own magnitude
+        check(scores[:, j], None, (want[0][:, j], None, None))
+
+
+def test_raw_op_errors_name_maxsim():
+    ops = maxsim.cuda_ops()[0]
+    q = torch.randn(2, 8, 32, device=DEVICE).half()
+    d = torch.randint(-127, 128, (3, 8, 32), device=DEVICE, dtype=torch.int8)
+    scale = torch.rand(3, 8, device=DEVICE)
+
+    def call(q, d, d_scale):
+        none = (None,) * 8
+        return ops.fwd_scaled(q, None, d, d_scale, *none, ALLPAIRS, 0, q.size(1), False)
+
+    with pytest.raises(RuntimeError, match="maxsim"):
+        call(q.cpu(), d.cpu(), scale.cpu())
+    with pytest.raises(RuntimeError, match="maxsim.*devices"):
+        call(q, d.cpu(), scale)
+    with pytest.raises(RuntimeError, match="maxsim.*embedding dim"):
+        call(q, d[..., :16].contiguous(), scale)
+    with pytest.raises(RuntimeError, match="maxsim.*float16 or bfloat16"):
+        call(q.float(), d, scale)
+    with pytest.raises(RuntimeError, match="maxsim.*d_scale"):
+        call(q, d, None)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_graph_capture_matches_eager(fmt, kernel_route):
+    Q = tokens(4, 32, 128).to(DEVICE).half()
+    qD = maxsim.quantize(tokens(16, 100, 128).to(DEVICE), fmt)
+    d_mask = random_mask((16, 100), DEVICE)
+
+    def step():
+        return maxsim.maxsim(Q, qD, d_mask=d_mask, backend="cuda")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    Q.copy_(tokens(4, 32, 128).to(DEVICE).half())  # new inputs in the same buffers
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, step(), rtol=0, atol=0)
