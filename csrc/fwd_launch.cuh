@@ -30,14 +30,19 @@ struct Plan {
   int blocks = 0;
 };
 
+// 8-bit tiles take half the shared memory: three stages for every shape, which leaves room for
+// more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the 8-warp one.
+template <Tile kTile, typename DT>
+constexpr int kStages = kIsCodes<DT> ? 3 : TileShape<kTile>::STAGES;
+
 template <typename T, typename DT, Tile kTile>
 using TileCfg = FwdTC<T, DT, TileShape<kTile>::BM, TileShape<kTile>::BN, TileShape<kTile>::WM,
-                      TileShape<kTile>::WN, TileShape<kTile>::STAGES, false>;
+                      TileShape<kTile>::WN, kStages<kTile, DT>, false>;
 
 template <typename T, typename DT, Tile kTile, bool kArgmax, int kDim>
 constexpr auto tc_kernel() {
   using S = TileShape<kTile>;
-  return fwd_tc_kernel<T, DT, S::BM, S::BN, S::WM, S::WN, S::STAGES, kArgmax, kDim>;
+  return fwd_tc_kernel<T, DT, S::BM, S::BN, S::WM, S::WN, kStages<kTile, DT>, kArgmax, kDim>;
 }
 
 // Blocks of a tile kernel resident per SM (registers and shared memory), asked once per device.

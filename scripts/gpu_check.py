@@ -6,6 +6,7 @@ the op contract (docs/ARCHITECTURE.md). Runs on a GPU machine:
 Timings live in benchmarks/ (bench.py, call_profile.py); scripts/gpu_check.sh runs them all.
 """
 import argparse
+import glob
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ def build():
     name = "_maxsim_cuda_check"
     cpp_extension.load(
         name=name,
-        sources=[os.path.join(ROOT, "csrc", f) for f in ("fwd.cu", "bwd.cu", "loss.cu")]
+        sources=sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cu")))
         + [os.path.join(ROOT, "torch-ext", "torch_binding.cpp")],
         extra_include_paths=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "torch-ext")],
         extra_cflags=["-O3"],
