@@ -2,7 +2,7 @@
 # Everything a GPU machine runs, in one call: build + kernel checks, the test suite, the
 # benchmark, the hub-variant check, the call profile, an ncu summary. Logs and results go to $OUT.
 #
-#   bash scripts/gpu_check.sh [stage ...]      stages: check test integ bench hub profile ncu
+#   bash scripts/gpu_check.sh [stage ...]      stages: check test integ bench hub profile ncu sanitize
 #                                             (default: check test bench)
 #
 # Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
@@ -50,7 +50,13 @@ for stage in "${stages[@]}"; do
         python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
       grep -E "fwd_tc|bwd_|Duration|Throughput|Achieved Occupancy|Warp Cycles Per Issued" \
         "$OUT/ncu.txt" | head -n 80 ;;
-    *) echo "unknown stage $stage (check test integ bench hub profile ncu)"; status=2 ;;
+    sanitize)
+      python3 scripts/sanitize_cases.py > /dev/null  # builds the extension outside the tools
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 1 python3 scripts/sanitize_cases.py 2>&1 \
+          | tail -n 4 | tee -a "$OUT/sanitize.log"
+      done ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu sanitize)"; status=2 ;;
   esac
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "::: $stage took $((SECONDS - start)) s"

@@ -73,7 +73,9 @@ def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None,
             mask_name="d_mask",
         )
         layout, group = GROUPED, D.size(1)
-    return q._replace(scale=q_scale), d._replace(scale=d_scale), layout, group
+    if q_scale is not None or d_scale is not None:
+        q, d = q._replace(scale=q_scale), d._replace(scale=d_scale)
+    return q, d, layout, group
 
 
 def _padded_call(
@@ -133,7 +135,8 @@ def maxsim_pairs(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="au
         )
     q = check.padded(_normalized(Q, normalize), m=q_mask, mask_name="q_mask")
     d = check.padded(_normalized(D, normalize), m=d_mask, mask_name="d_mask")
-    q, d = q._replace(scale=q_scale), d._replace(scale=d_scale)
+    if q_scale is not None or d_scale is not None:
+        q, d = q._replace(scale=q_scale), d._replace(scale=d_scale)
     scores, _ = forward(
         q, d, GROUPED, group=1, max_lq=Q.size(1), want_argmax=False, backend=backend
     )
@@ -184,7 +187,8 @@ def maxsim_varlen(
         m=d_mask,
         mask_name="d_mask",
     )
-    queries, docs = queries._replace(scale=q_scale), docs._replace(scale=d_scale)
+    if q_scale is not None or d_scale is not None:
+        queries, docs = queries._replace(scale=q_scale), docs._replace(scale=d_scale)
     layout, group, pair_ids = ALLPAIRS, 0, (None, None)
     if (pair_q is None) != (pair_d is None):
         given, missing = ("pair_q", "pair_d") if pair_d is None else ("pair_d", "pair_q")

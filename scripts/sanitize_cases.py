@@ -1,0 +1,58 @@
+"""A few small calls that reach every CUDA kernel once, for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py
+
+Covers the streaming (32- and 64-row), 128-row and CUDA-core forward tiles, column slices with
+their merge, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
+quantized queries), argmax, every backward kernel (dQ, sorted and packed dD) and the loss."""
+
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "torch-ext"))
+import maxsim  # noqa: E402
+
+
+def tokens(*shape, dtype=torch.float16):
+    return torch.nn.functional.normalize(torch.randn(*shape, device="cuda"), dim=-1).to(dtype)
+
+
+def main():
+    torch.manual_seed(0)
+    assert maxsim.cuda_ops()[0] is not None, maxsim.cuda_ops()[1]
+    lens = torch.tensor([5, 33, 64, 0, 70], device="cuda", dtype=torch.int32)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        Q, D = tokens(3, 20, 64, dtype=dtype), tokens(5, 70, 64, dtype=dtype)
+        maxsim.maxsim(Q, D, d_lengths=lens)  # streaming tile (fp32: CUDA-core kernel)
+        maxsim.maxsim_with_argmax(tokens(2, 50, 64, dtype=dtype), D)  # 64-row tile
+        maxsim.maxsim(tokens(2, 130, 64, dtype=dtype), D)  # 128-row tile, partial sums
+        maxsim.maxsim_with_argmax(tokens(1, 16, 64, dtype=dtype), tokens(2, 700, 64, dtype=dtype))
+    # many short queries share the 128-row tile
+    maxsim.maxsim(tokens(40, 16, 64), tokens(9, 70, 64), d_lengths=lens.repeat(2)[:9])
+    for fmt in ("int8", "fp8_e4m3"):
+        for dtype in (torch.float16, torch.bfloat16):
+            Q, D = tokens(3, 20, 64, dtype=dtype), maxsim.quantize(tokens(5, 70, 64), fmt)
+            maxsim.maxsim_with_argmax(Q, D, d_lengths=lens)
+            maxsim.maxsim(tokens(40, 16, 64, dtype=dtype), D)
+            maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # column slices
+        both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
+        maxsim.maxsim(*both)
+    # backward: padded documents (sorted dD), packed documents (row-block dD), the loss
+    Q = tokens(4, 12, 64).requires_grad_()
+    D = tokens(6, 40, 64).requires_grad_()
+    maxsim.contrastive_step(Q.detach(), D[:4].detach(), d_lengths=lens[:4].clamp(1))
+    maxsim.maxsim(Q, D).sum().backward()
+    cu_q = torch.tensor([0, 5, 12], device="cuda", dtype=torch.int32)
+    cu_d = torch.tensor([0, 7, 30, 31], device="cuda", dtype=torch.int32)
+    q, d = tokens(12, 64).requires_grad_(), tokens(31, 64).requires_grad_()
+    maxsim.maxsim_varlen(q, cu_q, d, cu_d, max_seqlen_q=7).sum().backward()
+    torch.cuda.synchronize()
+    print("sanitize cases: done")
+
+
+if __name__ == "__main__":
+    main()
