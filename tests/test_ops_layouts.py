@@ -74,6 +74,21 @@ def test_fwd_relative_error(backend_device, layout_name, q_kind, d_kind, dtype):
     assert_close_rel(scores, reference_of(args)[0])
 
 
+@pytest.mark.parametrize("h", [24, 200], ids=["h24", "h200"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("q_kind", ["padded", "packed"])
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+def test_fwd_tiles_of_every_size(backend_device, layout_name, q_kind, dtype, h):
+    """Queries and documents longer than a kernel tile (several row tiles, document tiles and,
+    at h 200, embedding-dim slices), packed queries with argmax columns past their ends."""
+    q, d, layout = build_case(
+        layout_name, q_kind, "padded", dtype, backend_device[1], "grid", h=h, lq=70, ld=100
+    )
+    args = op_args(q, d, **layout)
+    scores, argmax = ops_for(backend_device).fwd(*args)
+    assert_exact(scores, argmax, *reference_of(args))
+
+
 def test_tf32_flag_still_exact_for_fp32(backend_device):
     """The fallback ignores ``tf32``; a kernel that honours it must stay close on grid data."""
     q, d, layout = build_case(
