@@ -124,3 +124,27 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
     merged = json.loads(out.read_text())
     assert len(merged["rows"]) == len(doc["rows"]) + 1
     assert [r["workload"] for r in merged["rows"]].index("corpus") > 0
+
+
+def test_sass_histogram_splits_kernels_and_counts(tmp_path):
+    import sass_histogram
+
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"'
+    text = "\n".join([
+        '"Kernel Name","void k1(int)",',
+        header,
+        '"0x0","IMAD R1, R2, R3, R4","3","100"',
+        '"0x10","@P0 HMMA.16816.F32 R4, R8, R12, R4","1","400"',
+        '"0x20","HMMA.16816.F32 R4, R8, R12, R4","0","400"',
+        '"Kernel Name","void k2(int)",',
+        header,
+        '"0x0","BRA 0x0","2","7"',
+    ])
+    path = tmp_path / "sass.csv"
+    path.write_text(text + "\n")
+    (name1, rows1), (name2, rows2) = sass_histogram.kernels(str(path))
+    assert name1 == "void k1(int)" and len(rows1) == 3 and len(rows2) == 1
+    summary = sass_histogram.summarize(rows1)
+    assert "executed warp instructions: 900" in summary
+    assert "HMMA" in summary and "88.9%" in summary  # 800 of 900, predicated one included
+    assert "       400          800" in summary  # two static instructions run 400 times

@@ -49,7 +49,12 @@ for stage in "${stages[@]}"; do
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
         python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
       grep -E "fwd_tc|bwd_|Duration|Throughput|Achieved Occupancy|Warp Cycles Per Issued" \
-        "$OUT/ncu.txt" | head -n 80 ;;
+        "$OUT/ncu.txt" | head -n 80
+      # Per-instruction counts of the first two forward kernels: where the instructions go.
+      ncu --target-processes all -k regex:"fwd_tc" --launch-count 2 --section SourceCounters \
+        --page source --print-source=sass --csv python3 scripts/gpu_check.py --profile-run \
+        > "$OUT/sass.csv" 2>/dev/null
+      python3 benchmarks/sass_histogram.py "$OUT/sass.csv" | tee "$OUT/sass.txt" | head -n 60 ;;
     sanitize)
       python3 scripts/sanitize_cases.py > /dev/null  # builds the extension outside the tools
       for tool in memcheck racecheck; do
