@@ -115,7 +115,9 @@ def _print(report, file):
     print(
         "  training losses (contrastive_loss, contrastive_step): the forward above with argmax,\n"
         "    then the fused loss and the backward, on the same backend\n"
-        "  quantized inputs (QuantizedTokens): dequantized to fp32, then the float32 path above",
+        "  quantized inputs (QuantizedTokens): on sm_80+ with fp16 / bf16 or quantized\n"
+        "    queries and H a multiple of 16 up to 256, 8-bit codes on the tensor cores\n"
+        "    (op fwd_scaled); otherwise dequantized to fp32, then the float32 path above",
         file=file,
     )
 
