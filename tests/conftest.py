@@ -68,13 +68,17 @@ DEVICES = [
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def unpatched_around_each_test(integration):
+def unpatched_around_each_test(integration, scores_backend_env=None):
     """An autouse fixture for a test module of ``integration``: the switch off, a fixed seed, and
-    the library unpatched before and after every test."""
+    the library unpatched before and after every test. ``scores_backend_env`` names the library's
+    own backend switch, set to "torch": the unpatched reference must be its PyTorch path, not a
+    peer kernel it may pick on CUDA."""
 
     @pytest.fixture(autouse=True)
     def clean_patch(monkeypatch):
         monkeypatch.delenv("MAXSIM_DISABLE", raising=False)
+        if scores_backend_env:
+            monkeypatch.setenv(scores_backend_env, "torch")
         torch.manual_seed(0)
         integration.unpatch()
         yield
@@ -222,3 +226,18 @@ def assert_exact(scores, argmax, ref_scores, ref_argmax):
     if argmax is not None:
         assert argmax.dtype == torch.int32
         assert torch.equal(argmax.cpu(), ref_argmax.cpu()), "argmax differs from the reference"
+
+
+def capture(step, warmup=1):
+    """``(graph, outputs)``: ``step`` run ``warmup`` times on a side stream (allocations and
+    one-time set-up stay out of the capture), then captured in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs

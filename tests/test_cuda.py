@@ -4,7 +4,7 @@ odd shapes, exact fp32. The backend-parametrised tests of the other files cover 
 import maxsim
 import pytest
 import torch
-from conftest import HAS_CUDA_OPS, assert_close_rel, assert_exact, random_mask, values
+from conftest import HAS_CUDA_OPS, assert_close_rel, assert_exact, capture, random_mask, values
 from maxsim.layouts import GROUPED, PAIRS
 from maxsim.reference import maxsim_reference_padded, reference_fwd
 
@@ -34,14 +34,7 @@ def test_forward_is_cuda_graph_capturable():
             ),
         )
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     Q.copy_(values(Q.shape, torch.float16, DEVICE))  # new inputs in the same buffers
     q.copy_(values(q.shape, torch.bfloat16, DEVICE))
     graph.replay()

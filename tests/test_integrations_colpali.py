@@ -15,13 +15,8 @@ from conftest import DEVICES, TOL, unpatched_around_each_test  # noqa: E402
 from maxsim.integrations import UnsupportedVersionError  # noqa: E402
 from maxsim.integrations import colpali as integration  # noqa: E402
 
-clean_patch = unpatched_around_each_test(integration)
+clean_patch = unpatched_around_each_test(integration, "COLPALI_SCORES_BACKEND")
 
-
-@pytest.fixture(autouse=True)
-def torch_reference(monkeypatch):
-    # The reference must be colpali-engine's own PyTorch path, not a peer kernel it picks on CUDA.
-    monkeypatch.setenv("COLPALI_SCORES_BACKEND", "torch")
 
 
 @pytest.fixture

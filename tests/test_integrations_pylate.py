@@ -18,13 +18,8 @@ from maxsim.integrations import UnsupportedVersionError  # noqa: E402
 from maxsim.integrations import pylate as integration  # noqa: E402
 from pylate import losses, models, rank, scores  # noqa: E402
 
-clean_patch = unpatched_around_each_test(integration)
+clean_patch = unpatched_around_each_test(integration, "PYLATE_SCORES_BACKEND")
 
-
-@pytest.fixture(autouse=True)
-def torch_reference(monkeypatch):
-    # The reference must be PyLate's own PyTorch path, not a peer kernel it may pick on CUDA.
-    monkeypatch.setenv("PYLATE_SCORES_BACKEND", "torch")
 
 
 @pytest.fixture

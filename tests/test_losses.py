@@ -5,7 +5,7 @@ import maxsim
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import HAS_CUDA_OPS, random_lengths, values
+from conftest import HAS_CUDA_OPS, capture, random_lengths, values
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -113,15 +113,8 @@ def test_cuda_step_captures_in_a_cuda_graph():
         loss = maxsim.contrastive_loss(q, d, backend="cuda")
         return (loss,) + torch.autograd.grad(loss, (q, d))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            eager = step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    eager = step()
+    graph, captured = capture(step, warmup=3)
     graph.replay()
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):

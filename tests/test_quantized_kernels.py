@@ -6,7 +6,7 @@ import maxsim
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fill_invalid, offsets_of, prefix, random_lengths, random_mask
+from conftest import capture, fill_invalid, offsets_of, prefix, random_lengths, random_mask
 from maxsim import QuantizedTokens
 from maxsim.layouts import ALLPAIRS
 from maxsim.quantize import scaled_operands
@@ -283,14 +283,7 @@ def test_cuda_graph_capture_matches_eager(fmt, kernel_route):
     def step():
         return maxsim.maxsim(Q, qD, d_mask=d_mask, backend="cuda")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step)
     Q.copy_(tokens(4, 32, 128).to(DEVICE).half())  # new inputs in the same buffers
     graph.replay()
     torch.cuda.synchronize()
