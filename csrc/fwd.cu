@@ -158,22 +158,20 @@ void launch_simt(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStr
 
 }  // namespace
 
-bool fwd_supports_codes(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
-  return p.codes != Codes::kNone && make_plan(p, dtype, dev).tile != Tile::kSimt;
-}
-
-size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
-  const Plan plan = make_plan(p, dtype, dev);
+FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  FwdPlan plan = make_plan(p, dtype, dev);
   if (plan.grid.splits > 1)  // each slice's row maxima, then their argmax (int32)
-    return 2 * size_t(plan.grid.splits) * p.pairs.num_pairs * p.max_lq;
-  return plan.grid.m_tiles > 1 ? size_t(plan.grid.m_tiles) * p.pairs.num_pairs : 0;
+    plan.workspace_floats = 2 * size_t(plan.grid.splits) * p.pairs.num_pairs * p.max_lq;
+  else if (plan.grid.m_tiles > 1)
+    plan.workspace_floats = size_t(plan.grid.m_tiles) * p.pairs.num_pairs;
+  return plan;
 }
 
-void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
+void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,
+                cudaStream_t stream) {
   if (p.pairs.num_pairs == 0) return;
-  const Plan plan = make_plan(p, dtype, dev);
   const bool argmax = p.argmax != nullptr;
-  if (plan.tile == Tile::kSimt) {  // codes never get here (fwd_supports_codes)
+  if (plan.tile == Tile::kSimt) {  // never with codes: the binding refuses that plan
     if (argmax) launch_simt<true>(p, dtype, dev, stream);
     else launch_simt<false>(p, dtype, dev, stream);
   } else if (p.codes == Codes::kInt8) {

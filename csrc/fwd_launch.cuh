@@ -17,18 +17,13 @@ namespace fwd_detail {
 //  kLarge  128 x 128, 8 warps: long queries or several short queries of an all-pairs batch; the
 //          compute-bound case, where a 64 x 32 warp tile keeps ldmatrix traffic low per mma;
 //          2 stages fit two blocks per SM.
-enum class Tile { kSimt, kSmall, kMedium, kLarge };
 
 template <Tile> struct TileShape;
 template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 3; };
 template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
 template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 2; };
 
-struct Plan {
-  Tile tile = Tile::kSimt;
-  FwdGrid grid{1, 1, 1, 1, 1};
-  int blocks = 0;
-};
+using Plan = FwdPlan;
 
 // 8-bit tiles take half the shared memory: three stages for every shape, which leaves room for
 // more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the 8-warp one.

@@ -18,16 +18,6 @@
 
 namespace maxsim {
 
-// Which rows a block owns and which documents it scores them against.
-struct FwdGrid {
-  int q_tiles;        // row tiles along the query side
-  int m_tiles;        // row tiles per query (> 1 when Lq > BM)
-  int qpb;            // queries per row tile (> 1 only for short padded queries, all-pairs)
-  int docs_per_block; // documents (or pairs) per block
-  int splits;         // column slices per document (> 1: one slice per block, docs_per_block 1);
-                      // each writes its rows' maxima to p.partial and a second kernel merges them
-};
-
 // A block's share of one document: tiles [begin, end), columns below `cols` valid. An empty
 // slice still runs one tile with no valid column, so that its (empty) maxima get written.
 struct TileSpan {

@@ -6,13 +6,23 @@
 
 namespace maxsim {
 
-// Floats of scratch the forward needs for `p` (partial scores of long queries); 0 when none.
-size_t fwd_workspace_floats(const FwdParams& p, DType dtype, const DeviceInfo& dev);
-// Whether documents stored as 8-bit codes (p.codes) can run for this call: tensor cores (sm_80+),
-// fp16 / bf16 queries, dim a multiple of 16 up to 256, 16-byte aligned rows.
-bool fwd_supports_codes(const FwdParams& p, DType dtype, const DeviceInfo& dev);
-// fp32 inputs always take the exact fp32 path.
-void launch_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
+// Forward tile shapes; fwd_launch.cuh says why each exists. kSimt: the CUDA-core kernel.
+enum class Tile { kSimt, kSmall, kMedium, kLarge };
+
+// What the forward runs for one call, planned once (with p.argmax already set, as the resident
+// block count depends on it) and then launched.
+struct FwdPlan {
+  Tile tile = Tile::kSimt;
+  FwdGrid grid{1, 1, 1, 1, 1};
+  int blocks = 0;
+  size_t workspace_floats = 0;  // p.partial: long queries' partial scores, or the column slices'
+                                // row maxima and their argmax
+};
+FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
+// fp32 inputs always take the exact fp32 path. Documents stored as 8-bit codes (p.codes) need a
+// tensor-core plan (sm_80+, fp16 / bf16 queries, dim a multiple of 16 up to 256, 16-byte rows).
+void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,
+                cudaStream_t stream);
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
 // Whether dD goes by document row (padded documents): the binding then provides dd_sorted,
 // dd_start and dd_count (int32 scratch: argmax.numel(), d.rows, d.rows).

@@ -136,16 +136,17 @@ std::tuple<Tensor, Tensor> run_fwd(maxsim::FwdParams& p, const Tensor& q, maxsim
   }
   p.scores = scores.data_ptr<float>();
   const maxsim::DeviceInfo dev = device_info();
+  const maxsim::FwdPlan plan = maxsim::plan_fwd(p, dt, dev);
   if (p.codes != maxsim::Codes::kNone)
-    TORCH_CHECK(maxsim::fwd_supports_codes(p, dt, dev),
+    TORCH_CHECK(plan.tile != maxsim::Tile::kSimt,
                 "maxsim: 8-bit documents need an sm_80+ GPU, an embedding dim that is a multiple "
                 "of 16 (at most 256) and 16-byte aligned rows");
   Tensor partial;
-  if (const size_t ws = maxsim::fwd_workspace_floats(p, dt, dev)) {
-    partial = at::empty({static_cast<int64_t>(ws)}, f32);
+  if (plan.workspace_floats > 0) {
+    partial = at::empty({static_cast<int64_t>(plan.workspace_floats)}, f32);
     p.partial = partial.data_ptr<float>();
   }
-  maxsim::launch_fwd(p, dt, dev, at::cuda::getCurrentCUDAStream());
+  maxsim::launch_fwd(p, plan, dt, dev, at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {scores, argmax};
 }
