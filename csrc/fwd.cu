@@ -147,7 +147,7 @@ void launch_simt(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStr
   const int blocks = static_cast<int>(std::min<int64_t>(p.pairs.num_pairs, int64_t(dev.num_sms) * 32));
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    fwd_simt_kernel<T, kArgmax><<<std::max(blocks, 1), kSimtThreads, p.dim * sizeof(float), stream>>>(p);
+    fwd_simt_kernel<T, kArgmax><<<std::max(blocks, 1), kSimtThreads, 0, stream>>>(p);
   };
   switch (dtype) {
     case DType::kF16: go(__half{}); break;
