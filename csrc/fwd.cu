@@ -57,6 +57,7 @@ int tile_rows(Tile t) {
     case Tile::kSmall: return TileShape<Tile::kSmall>::BM;
     case Tile::kMedium: return TileShape<Tile::kMedium>::BM;
     case Tile::kLarge: return TileShape<Tile::kLarge>::BM;
+    case Tile::kWide: return TileShape<Tile::kWide>::BM;
     default: return 0;
   }
 }
@@ -114,8 +115,16 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     case kGrouped: plan.grid.q_tiles = p.q.count * plan.grid.m_tiles; break;
     default: plan.grid.q_tiles = plan.grid.m_tiles; break;
   }
+  // Hopper runs the 128-row tile on wgmma: 16-bit documents, dims of whole 64-wide swizzle atoms
+  // (at most two: four stages fit), a query tile that stays (all-pairs and grouped layouts), and
+  // enough document tiles for its deep pipeline (>= ~32 per SM; one block per SM resides).
+  if (plan.tile == Tile::kLarge && dev.sm == 90 && p.codes == Codes::kNone &&
+      (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs) {
+    const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
+    if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
+  }
   const int items = std::max(1, num_items(p));
-  if (plan.tile != Tile::kLarge && plan.grid.m_tiles == 1) {
+  if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
     // Streaming short queries (memory-bound): at least ~8 waves of small blocks, so that the
     // last wave's tail is short. Padded documents too few for that are cut into column slices
     // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only).

@@ -1,4 +1,4 @@
-// Fused MaxSim forward on tensor cores (sm_80+ mma.sync m16n8k16, fp16 / bf16 inputs).
+// Fused MaxSim forward on tensor cores (sm_80+ mma.sync m16n8k16, sm_90a wgmma; fp16 / bf16).
 //
 // A block owns a tile of BM query rows (one query, a slice of a long query, or several short
 // queries of an all-pairs batch) kept in shared memory, and streams the token tiles of a list of
@@ -11,6 +11,11 @@
 // bytes: they are staged as bytes, turned into T operands in registers, and each dot product is
 // multiplied by its token's scale before the max. Queries may carry a per-row scale too (p.q_scale,
 // quantized queries passed as exact codes), applied to the row's maximum.
+//
+// On Hopper the 128-row compute tile (kWide: two warpgroups of 64 rows x 128 columns) runs on
+// wgmma: query and document tiles are stored with the 128-byte swizzle and read through shared-
+// memory descriptors, and each warpgroup alternates two accumulator sets, so that the max of tile
+// t-1 is taken while tile t's wgmma runs. One block per SM, four stages.
 #pragma once
 #include "codes.cuh"
 #include "layout.cuh"
@@ -37,10 +42,14 @@ struct FwdTC {
   // Only the 4-warp streaming tiles cut documents into column slices (FwdGrid::splits); the
   // 8-warp compute tile never does, and its registers have no room for the slice bookkeeping.
   static constexpr bool kSliced = WM * WN == 4;
+  // Two warpgroups over 64 rows each and every column: on sm_90a the tile runs on wgmma, its
+  // shared-memory tiles laid out as core matrices (mma.cuh) instead of padded rows.
+  static constexpr bool kWide = WM == 8 && WN == 1 && !kCodes;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
   __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
-  __host__ __device__ static int ldq(int dim) { return kdim(dim) + 8; }  // +8 halves: conflict-free ldmatrix
+  // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
   __host__ __device__ static int ldd(int dim) {
     if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
@@ -56,13 +65,14 @@ struct FwdTC {
 // block alone cannot hide the pipeline's barrier and load latency. The 32-row tile streaming
 // 8-bit codes fits five (its stages take half the shared memory): the streaming loop is
 // latency-bound, and the extra warps hide it (measured on the H100: 9-27% faster than three).
-template <typename DT, int kWarps, int BM>
-constexpr int kMinBlocks = kWarps == 8 ? 2 : kIsCodes<DT> && BM == 32 ? 5 : 1;
+// The wgmma tile (WN == 1) runs one block with two accumulator sets and a deeper pipeline.
+template <typename DT, int kWarps, int WN, int BM>
+constexpr int kMinBlocks = kWarps == 8 ? (WN == 1 ? 1 : 2) : kIsCodes<DT> && BM == 32 ? 5 : 1;
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
           int kDim>
-__global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, BM>))
+__global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, WN, BM>))
 fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
   using Cfg = FwdTC<T, DT, BM, BN, WM, WN, STAGES, kArgmax>;
@@ -75,7 +85,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   const int chunks = kdim / 8;  // 16-byte query chunks per row (the tail past `dim` is zero-filled)
   const int d_chunks = kdim / Cfg::kChunkElems;
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the wgmma swizzle atoms
   T* q_s = reinterpret_cast<T*>(smem_raw);
   DElem* d_s = reinterpret_cast<DElem*>(q_s + BM * lds);
   float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * ldd);
@@ -88,6 +98,14 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / WN, warp_n = warp % WN;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kWg = Cfg::kWide;
+#else
+  constexpr bool kWg = false;
+#endif
+  // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows (kWg): K-major in
+  // 64-dim atoms, each row's eight 16-byte chunks XOR-swizzled by row % 8 (the 128-byte swizzle).
+  auto swz = [](int r, int c, int rows) { return (c / 8) * rows * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8; };
 
   // ---- what this block owns
   const int splits = Cfg::kSliced ? grid.splits : 1;
@@ -152,7 +170,9 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         const Segment g = segment_of(p.q, qi);
         if (t < g.rows) v = *reinterpret_cast<const uint4*>(qg + row_elem(p.q, qi, g.first_row, t) + k * 8);
       }
-      if constexpr (kCodes) {
+      if constexpr (kWg) {
+        *reinterpret_cast<uint4*>(q_s + swz(r, k, BM)) = v;
+      } else if constexpr (kCodes) {
         // A lane's code operands hold dims 0..3 of its 8-dim group in one k16 step and 4..7 in
         // the next (see the mma loop); the query columns are stored in that order, so ldmatrix
         // pairs each with its code.
@@ -208,11 +228,37 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
           scale_reg = in ? p.d_scale[p_seg.first_row + s] * kCodeFold<DT, T> : 0.f;
         mask_stage = stage;
       }
-      DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
       const int row0 = p_tile * BN;
+      if constexpr (kWg && kDim > 0) {
+        // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads);
+        // a thread's rows are kRowStep apart, so its chunk's swizzled column never changes and
+        // every copy is one base plus a constant.
+        constexpr int kChunks = kDim / 8, kRowStep = Cfg::kThreads / kChunks;
+        const int r0 = tid / kChunks, c = tid % kChunks, rows_left = p_span.cols - row0 - r0;
+        DElem* dst = d_s + stage * BN * ldd + swz(r0, c, BN);
+        // A running byte address: one 64-bit add per copy instead of a multiply.
+        uint64_t src = reinterpret_cast<uint64_t>(dg + row_elem(p.d, doc, p_seg.first_row, 0) + c * 8) +
+                       uint64_t(row0 + r0) * p.d.row_stride * sizeof(DElem);
+        const uint64_t step = uint64_t(kRowStep) * p.d.row_stride * sizeof(DElem);
+#pragma unroll
+        for (int i = 0; i < BN / kRowStep; ++i) {
+          const bool in = i * kRowStep < rows_left;
+          cp_async16(dst + i * kRowStep * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
+          src += step;
+        }
+      } else if constexpr (kWg) {
+        const DElem* src_doc = dg + row_elem(p.d, doc, p_seg.first_row, 0);
+        DElem* tile = d_s + stage * BN * ldd;
+        for (int e = tid; e < BN * d_chunks; e += Cfg::kThreads) {
+          const int r = e / d_chunks, c = e % d_chunks, s = row0 + r;
+          const bool in = c * 8 < dim && s < p_span.cols;
+          cp_async16(tile + swz(r, c, BN), in ? src_doc + int64_t(s) * p.d.row_stride + c * 8 : dg, in ? 16 : 0);
+        }
+      }
+      DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
       const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
       const bool col_in = copies && my_chunk * Cfg::kChunkElems < dim;
-      if (copies) {
+      if (copies && !kWg) {
         for (int r = tid / chunks_p2; r < BN; r += row_step) {
           const int s = row0 + r;
           const bool in = col_in && s < p_span.cols;
@@ -247,109 +293,33 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   TileSpan c_span = span_of(segment_of(p.d, item_doc(c_item)));
   int c_tile = c_span.begin;
   int loaded_q = q0;
-  while (c_item < item_end) {
-    stage_mask();
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    issue((stage + STAGES - 1) % STAGES);
 
-    if (pm.layout == kPairs && c_tile == c_span.begin) {
-      const int qi = pm.pair_q[c_item];
-      if (qi != loaded_q) {  // pairs sorted by query reload rarely
-        __syncthreads();
-        load_queries(qi);
-        loaded_q = qi;
-        __syncthreads();
-      }
-    }
-
-    // Column validity first: its mask loads are then in flight during the MMAs.
-    const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
-    const bool full = (c_tile + 1) * BN <= c_span.cols && p.d.mask == nullptr;
-    bool ok[NT][2];
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = col0 + ni * 8 + e;
-        ok[ni][e] = full || (col < c_span.cols &&
-                             (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN]));
-      }
-    // S = Q_tile * D_tile^T for this warp's rows and columns.
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-    const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
-    if constexpr (kCodes) {
-      // Lane (g = lane / 4, c = lane % 4) loads 8 codes of its column g: dims 8c .. 8c+7 of each
-      // 32-dim step. An mma reads B elements (k = 2c, 2c+1, 2c+8, 2c+9): codes 0,1,2,3 feed the
-      // first k16 step and 4,5,6,7 the second; q_s holds the query dims in the matching order.
-      const uint8_t* b_base = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + lane / 4) * ldd + (lane % 4) * 8;
-      // The 8-warp tile's registers have no room for a second step in flight: not unrolled.
-      constexpr int kUnroll = WM * WN == 8 ? 1 : 8;
-#pragma unroll kUnroll
-      for (int k0 = 0; k0 < kdim; k0 += 32) {
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          uint32_t a[MT][4], w[NT];
-#pragma unroll
-          for (int ni = 0; ni < NT; ++ni) w[ni] = *reinterpret_cast<const uint32_t*>(b_base + ni * 8 * ldd + k0 + s * 4);
-#pragma unroll
-          for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0 + s * 16);
-#pragma unroll
-          for (int ni = 0; ni < NT; ++ni) {
-            uint32_t b0, b1;
-            codes_to_pairs<DT, T>(w[ni], b0, b1);
-#pragma unroll
-            for (int mi = 0; mi < MT; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
-          }
-        }
-      }
-      // Each dot product times its document token's scale (fp32), before the max.
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
-        const float2 sc = *reinterpret_cast<const float2*>(scale_s + stage * BN + col0 - c_tile * BN + ni * 8);
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          acc[mi][ni][0] *= sc.x; acc[mi][ni][1] *= sc.y;
-          acc[mi][ni][2] *= sc.x; acc[mi][ni][3] *= sc.y;
-        }
-      }
-    } else {
-      const T* b_base = d_s + stage * BN * ldd +
-                        (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * ldd +
-                        ((lane / 8) % 2) * 8;
-#pragma unroll
-      for (int k0 = 0; k0 < kdim; k0 += 16) {
-        uint32_t a[MT][4], b[NT / 2][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0);
-#pragma unroll
-        for (int nj = 0; nj < NT / 2; ++nj) ldmatrix_x4(b[nj], b_base + nj * 16 * ldd + k0);
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < NT; ++ni)
-            mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
-      }
-    }
-
-    // Running max over this tile's valid columns. With argmax, the tile's max is found first
-    // (one max per element); only when it beats the running best is the row rescanned for the
-    // lowest column holding it, so the common path costs the same as without argmax.
+  // Running max over a tile's valid columns (bit 2 * ni + e of `ok`: column ni * 8 + e of this
+  // thread's pairs, from col0). With argmax, the tile's max is found
+  // first (one max per element); only when it beats the running best is the row rescanned for
+  // the lowest column holding it, so the common path costs the same as without argmax.
+  constexpr uint32_t kAllCols = NT * 2 == 32 ? ~0u : (1u << (NT * 2)) - 1;
+  auto tile_max = [&](const float (&acc)[MT][NT][4], uint32_t ok, int col0) {
+    const bool all = ok == kAllCols;  // full tiles without a mask: no per-column selects
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float tmax = -INFINITY;
+        // Two independent chains: half the dependent max latency.
+        float m2[2] = {-INFINITY, -INFINITY};
+        if (all) {
 #pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
+          for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) tmax = max_nan(tmax, ok[ni][e] ? acc[mi][ni][h * 2 + e] : -INFINITY);
+            for (int e = 0; e < 2; ++e) m2[e] = max_nan(m2[e], acc[mi][ni][h * 2 + e]);
+        } else {
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              m2[e] = max_nan(m2[e], ((ok >> (ni * 2 + e)) & 1u) ? acc[mi][ni][h * 2 + e] : -INFINITY);
+        }
+        const float tmax = max_nan(m2[0], m2[1]);
         if constexpr (kArgmax) {
           const float b = best_v[mi][h];
           if (tmax > b || (tmax != tmax && b == b)) {
@@ -359,7 +329,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 #pragma unroll
               for (int e = 1; e >= 0; --e) {
                 const float v = acc[mi][ni][h * 2 + e];
-                if (ok[ni][e] && (v == tmax || (v != v && tmax != tmax))) idx = col0 + ni * 8 + e;
+                if (((ok >> (ni * 2 + e)) & 1u) && (v == tmax || (v != v && tmax != tmax))) idx = col0 + ni * 8 + e;
               }
             best_v[mi][h] = tmax;
             best_i[mi][h] = idx;
@@ -368,82 +338,246 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
           best_v[mi][h] = max_nan(best_v[mi][h], tmax);
         }
       }
+  };
 
-    if (++c_tile == c_span.end) {
-      // ---- end of a document: merge lanes, then warps, then sum rows per query.
+  // End of a document: merge lanes, then warps, then sum rows per query.
+  auto end_doc = [&](int item) {
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
+    for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float v = best_v[mi][h];
-          int i = best_i[mi][h];
+      for (int h = 0; h < 2; ++h) {
+        float v = best_v[mi][h];
+        int i = best_i[mi][h];
 #pragma unroll
-          for (int off = 1; off < 4; off <<= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-            if constexpr (kArgmax) {
-              const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-              if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
-            } else {
-              v = max_nan(v, ov);
-            }
-          }
-          if (lane % 4 == 0) {
-            const int r = warp_m * Cfg::kWarpRows + mi * 16 + h * 8 + lane / 4;
-            red_v[warp_n * BM + r] = v;
-            red_i[warp_n * BM + r] = i;
-          }
-        }
-      reset();
-      __syncthreads();
-      const int qfirst = pm.layout == kPairs ? loaded_q : q0;
-      for (int r = tid; r < BM; r += Cfg::kThreads) {
-        float v = red_v[r];
-        int i = red_i[r];
-#pragma unroll
-        for (int w = 1; w < WN; ++w) {
-          const float ov = red_v[w * BM + r];
+        for (int off = 1; off < 4; off <<= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, v, off);
           if constexpr (kArgmax) {
-            const int oi = red_i[w * BM + r];
+            const int oi = __shfl_xor_sync(0xffffffffu, i, off);
             if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
           } else {
             v = max_nan(v, ov);
           }
         }
-        if (splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
-          if (r < p.max_lq) {
-            const size_t at = (size_t(item_out(c_item, qfirst)) * splits + split) * p.max_lq + r;
-            p.partial[at] = v;
-            if constexpr (kArgmax)
-              reinterpret_cast<int*>(p.partial)[size_t(pm.num_pairs) * splits * p.max_lq + at] = i;
-          }
-          continue;
+        if (lane % 4 == 0) {
+          const int r = warp_m * Cfg::kWarpRows + mi * 16 + h * 8 + lane / 4;
+          red_v[warp_n * BM + r] = v;
+          red_i[warp_n * BM + r] = i;
         }
-        const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
-        const bool valid = row_ok[r];
-        if constexpr (kArgmax) {
-          if (ql < grid.qpb && qi < num_q && t < p.max_lq)
-            p.argmax[item_out(c_item, qi) * p.max_lq + t] = valid ? i : -1;
-        }
-        const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-        row_val[r] = valid && found ? v * row_scale[r] : 0.f;
       }
-      __syncthreads();
-      for (int ql = warp; splits == 1 && ql < grid.qpb; ql += WM * WN) {
-        const int qi = qfirst + ql;
-        float s = 0.f;
-        for (int r = ql * rpq + lane; r < min(BM, (ql + 1) * rpq); r += 32) s += row_val[r];
+    reset();
+    __syncthreads();
+    const int qfirst = pm.layout == kPairs ? loaded_q : q0;
+    for (int r = tid; r < BM; r += Cfg::kThreads) {
+      float v = red_v[r];
+      int i = red_i[r];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0 && qi < num_q) {
-          const int64_t out = item_out(c_item, qi);
-          if (grid.m_tiles > 1) p.partial[int64_t(mt) * pm.num_pairs + out] = s;
-          else p.scores[out] = s;
+      for (int w = 1; w < WN; ++w) {
+        const float ov = red_v[w * BM + r];
+        if constexpr (kArgmax) {
+          const int oi = red_i[w * BM + r];
+          if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
+        } else {
+          v = max_nan(v, ov);
         }
       }
-      if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
-      c_tile = c_span.begin;
+      if (splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
+        if (r < p.max_lq) {
+          const size_t at = (size_t(item_out(item, qfirst)) * splits + split) * p.max_lq + r;
+          p.partial[at] = v;
+          if constexpr (kArgmax)
+            reinterpret_cast<int*>(p.partial)[size_t(pm.num_pairs) * splits * p.max_lq + at] = i;
+        }
+        continue;
+      }
+      const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
+      const bool valid = row_ok[r];
+      if constexpr (kArgmax) {
+        if (ql < grid.qpb && qi < num_q && t < p.max_lq)
+          p.argmax[item_out(item, qi) * p.max_lq + t] = valid ? i : -1;
+      }
+      const bool found = kArgmax ? i >= 0 : v != -INFINITY;
+      row_val[r] = valid && found ? v * row_scale[r] : 0.f;
     }
-    stage = (stage + 1) % STAGES;
+    __syncthreads();
+    for (int ql = warp; splits == 1 && ql < grid.qpb; ql += WM * WN) {
+      const int qi = qfirst + ql;
+      float s = 0.f;
+      for (int r = ql * rpq + lane; r < min(BM, (ql + 1) * rpq); r += 32) s += row_val[r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0 && qi < num_q) {
+        const int64_t out = item_out(item, qi);
+        if (grid.m_tiles > 1) p.partial[int64_t(mt) * pm.num_pairs + out] = s;
+        else p.scores[out] = s;
+      }
+    }
+  };
+
+  if constexpr (kWg) {
+    // Hopper: tile t's wgmma runs while the maxima of tile t-1 are taken from the other
+    // accumulator set (all-pairs and grouped layouts: the query tile never changes).
+    float acc_a[MT][NT][4], acc_b[MT][NT][4];
+    uint32_t ok_prev = 0;  // bit 2 * ni + e: column ni * 8 + e of this thread's pair is valid
+    int col0_prev = 0, item_prev = -1;
+    bool end_prev = false;
+    // Descriptors of this warpgroup's 64 query rows and of stage 0, first k step; a k step or a
+    // stage moves the start address only (its field holds address / 16, no carry out).
+    const uint64_t a_desc = smem_desc_sw128(q_s + (warp / 4) * 64 * 64);
+    const uint64_t b_desc = smem_desc_sw128(d_s);
+    auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
+    auto finish_prev = [&](const float (&acc)[MT][NT][4]) {
+      tile_max(acc, ok_prev, col0_prev);
+      if (end_prev) end_doc(item_prev);
+    };
+    auto step = [&](float (&acc)[MT][NT][4], const float (&acc_prev)[MT][NT][4]) {
+      stage_mask();
+      cp_async_wait<STAGES - 2>();
+      fence_proxy_async();  // this thread's copies, then wgmma's reads
+      __syncthreads();
+      issue((stage + STAGES - 1) % STAGES);
+      const int col0 = c_tile * BN + (lane % 4) * 2;
+      uint32_t ok = 0xffffffffu;
+      if ((c_tile + 1) * BN > c_span.cols || p.d.mask != nullptr) {
+        ok = 0;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = col0 + ni * 8 + e;
+            if (col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN]))
+              ok |= 1u << (ni * 2 + e);
+          }
+      }
+      const uint64_t b_stage = b_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
+      float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kdim / 16; ++k)
+        wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+      wgmma_commit();
+      // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
+      // see the wait of the previous step through the loop's back edge).
+      // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
+      // see the wait of the previous step through the loop's back edge).
+      wgmma_wait<1>();
+      if (item_prev >= 0) finish_prev(acc_prev);
+      wgmma_wait<0>();
+      ok_prev = ok;
+      col0_prev = col0;
+      item_prev = c_item;
+      end_prev = ++c_tile == c_span.end;
+      if (end_prev) {
+        if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
+        c_tile = c_span.begin;
+      }
+      stage = (stage + 1) % STAGES;
+    };
+    while (true) {
+      step(acc_a, acc_b);
+      if (c_item >= item_end) { finish_prev(acc_a); break; }
+      step(acc_b, acc_a);
+      if (c_item >= item_end) { finish_prev(acc_b); break; }
+    }
+  } else {
+    while (c_item < item_end) {
+      stage_mask();
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      issue((stage + STAGES - 1) % STAGES);
+
+      if (pm.layout == kPairs && c_tile == c_span.begin) {
+        const int qi = pm.pair_q[c_item];
+        if (qi != loaded_q) {  // pairs sorted by query reload rarely
+          __syncthreads();
+          load_queries(qi);
+          loaded_q = qi;
+          __syncthreads();
+        }
+      }
+
+      // Column validity first: its mask loads are then in flight during the MMAs.
+      const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
+      const bool full = (c_tile + 1) * BN <= c_span.cols && p.d.mask == nullptr;
+      uint32_t ok = 0;
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = col0 + ni * 8 + e;
+          if (full || (col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN])))
+            ok |= 1u << (ni * 2 + e);
+        }
+      // S = Q_tile * D_tile^T for this warp's rows and columns.
+      float acc[MT][NT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+      const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
+      if constexpr (kCodes) {
+        // Lane (g = lane / 4, c = lane % 4) loads 8 codes of its column g: dims 8c .. 8c+7 of each
+        // 32-dim step. An mma reads B elements (k = 2c, 2c+1, 2c+8, 2c+9): codes 0,1,2,3 feed the
+        // first k16 step and 4,5,6,7 the second; q_s holds the query dims in the matching order.
+        const uint8_t* b_base = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + lane / 4) * ldd + (lane % 4) * 8;
+        // The 8-warp tile's registers have no room for a second step in flight: not unrolled.
+        constexpr int kUnroll = WM * WN == 8 ? 1 : 8;
+#pragma unroll kUnroll
+        for (int k0 = 0; k0 < kdim; k0 += 32) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            uint32_t a[MT][4], w[NT];
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni) w[ni] = *reinterpret_cast<const uint32_t*>(b_base + ni * 8 * ldd + k0 + s * 4);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0 + s * 16);
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni) {
+              uint32_t b0, b1;
+              codes_to_pairs<DT, T>(w[ni], b0, b1);
+#pragma unroll
+              for (int mi = 0; mi < MT; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
+            }
+          }
+        }
+        // Each dot product times its document token's scale (fp32), before the max.
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) {
+          const float2 sc = *reinterpret_cast<const float2*>(scale_s + stage * BN + col0 - c_tile * BN + ni * 8);
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi) {
+            acc[mi][ni][0] *= sc.x; acc[mi][ni][1] *= sc.y;
+            acc[mi][ni][2] *= sc.x; acc[mi][ni][3] *= sc.y;
+          }
+        }
+      } else {
+        const T* b_base = d_s + stage * BN * ldd +
+                          (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * ldd +
+                          ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int k0 = 0; k0 < kdim; k0 += 16) {
+          uint32_t a[MT][4], b[NT / 2][4];
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0);
+#pragma unroll
+          for (int nj = 0; nj < NT / 2; ++nj) ldmatrix_x4(b[nj], b_base + nj * 16 * ldd + k0);
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni)
+              mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+        }
+      }
+
+      tile_max(acc, ok, col0);
+      if (++c_tile == c_span.end) {
+        end_doc(c_item);
+        if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
+        c_tile = c_span.begin;
+      }
+      stage = (stage + 1) % STAGES;
+    }
   }
   cp_async_wait<0>();
 #endif

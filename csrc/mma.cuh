@@ -62,6 +62,70 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// ---- Hopper warpgroup MMA (sm_90a): operands read from shared memory through descriptors.
+// Tiles are stored K-major with the 128-byte swizzle: rows of 64 16-bit values (128 bytes), their
+// 16-byte chunks XOR-ed by row % 8, in atoms of 8 rows (1024 bytes, 1024-byte aligned) stacked
+// along M / N. A k16 step inside an atom advances the start address by 32 bytes.
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void* p) {
+  const uint32_t addr = smem_addr(p);
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most N committed wgmma groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Shared-memory writes of this thread (plain stores, cp.async) become visible to the async proxy
+// that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+#define MAXSIM_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                        "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MAXSIM_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define MAXSIM_WG_OUT MAXSIM_WG_D8(0), MAXSIM_WG_D8(8), MAXSIM_WG_D8(16), MAXSIM_WG_D8(24), \
+  MAXSIM_WG_D8(32), MAXSIM_WG_D8(40), MAXSIM_WG_D8(48), MAXSIM_WG_D8(56)
+// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, fp32 accumulators: thread's d[4j + e] holds
+// row (warp % 4) * 16 + lane / 4 + 8 * (e / 2), column 8j + (lane % 4) * 2 + e % 2 of the
+// warpgroup's tile, the m16n8 layout repeated over 16 column blocks. A and B are read from shared
+// memory through their descriptors.
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MAXSIM_WG_ASM(TYPE)                                                                        \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                       \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_D64     \
+               ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                   \
+               : MAXSIM_WG_OUT : "l"(a), "l"(b), "r"(int(accumulate)))
+  if constexpr (kBf16) MAXSIM_WG_ASM("bf16");
+  else MAXSIM_WG_ASM("f16");
+#undef MAXSIM_WG_ASM
+#endif
+}
+#undef MAXSIM_WG_OUT
+#undef MAXSIM_WG_D64
+#undef MAXSIM_WG_D8
+
 // max that propagates NaN (fmaxf drops it).
 __device__ __forceinline__ float max_nan(float a, float b) {
   float r;
