@@ -230,7 +230,8 @@ def assert_exact(scores, argmax, ref_scores, ref_argmax):
 
 def capture(step, warmup=1):
     """``(graph, outputs)``: ``step`` run ``warmup`` times on a side stream (allocations and
-    one-time set-up stay out of the capture), then captured in a CUDA graph."""
+    one-time set-up stay out of the capture), then captured in a CUDA graph. Run any eager
+    reference of a backward after this, not before: see test_losses."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

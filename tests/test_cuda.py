@@ -144,3 +144,44 @@ def test_fp32_is_exact_fp32_not_tf32():
         full.expand(1, 4, -1),
     )[0]
     assert_close_rel(scores, ref, 1e-5)
+
+
+def masked_argmax_is_a_maximum(sim, valid, argmax, tol):
+    """``sim [..., Lq, Ld]`` float64, ``valid [..., Ld]``: the kernel's argmax is a valid token
+    whose similarity is the maximum up to rounding, and never the later copy of a tied token."""
+    sim = sim.masked_fill(~valid[..., None, :], float("-inf"))
+    best = sim.max(-1).values
+    at = sim.gather(-1, argmax.long().clamp(min=0)[..., None])[..., 0]
+    assert torch.all((argmax >= 0) & (best - at <= tol * best.abs().clamp_min(1)))
+
+
+@pytest.mark.parametrize("h", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_compute_bound_tiles(dtype, h):
+    """Calls big enough for the compute-bound tile (on Hopper, the wgmma one): all-pairs with short
+    queries sharing row tiles and grouped with long queries cut into row tiles, against float64,
+    with mask holes, a partial last tile and exactly tied tokens (copies: the lower index wins)."""
+    Q = values((32, 32, h), dtype, DEVICE)
+    D = values((70, 1000, h), dtype, DEVICE)
+    D[:, 600:640] = D[:, 100:140]  # ties: the copies must never win
+    d_mask = random_mask((70, 1000), DEVICE, keep=0.9)
+    d_mask[:, 100:140] = True
+    scores, argmax = maxsim.maxsim_with_argmax(Q, D, d_mask=d_mask, backend="cuda")
+    q_all = torch.ones(32, 1, 32, dtype=torch.bool, device=DEVICE)
+    ref = maxsim_reference_padded(Q[:, None], q_all, D[None], d_mask[None])[0]
+    assert_close_rel(scores, ref, 1e-6)
+    sim = torch.einsum("ith,jsh->ijts", Q.double(), D.double())
+    masked_argmax_is_a_maximum(sim, d_mask[None], argmax, 1e-6)
+    assert not torch.any((argmax >= 600) & (argmax < 640)), "a tied copy beat its original"
+    del sim
+
+    Qg = values((4, 200, h), dtype, DEVICE)
+    Dg = values((4, 70, 1024, h), dtype, DEVICE)
+    g_mask = random_mask((4, 70, 1024), DEVICE, keep=0.9)
+    scores, argmax = maxsim.maxsim_with_argmax(Qg, Dg, d_mask=g_mask, backend="cuda")
+    ref = maxsim_reference_padded(
+        Qg[:, None], torch.ones(4, 1, 200, dtype=torch.bool, device=DEVICE), Dg, g_mask
+    )
+    assert_close_rel(scores, ref, 1e-6)
+    sim = torch.einsum("bth,bksh->bkts", Qg.double(), Dg.double())
+    masked_argmax_is_a_maximum(sim, g_mask, argmax, 1e-6)

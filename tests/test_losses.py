@@ -113,8 +113,10 @@ def test_cuda_step_captures_in_a_cuda_graph():
         loss = maxsim.contrastive_loss(q, d, backend="cuda")
         return (loss,) + torch.autograd.grad(loss, (q, d))
 
-    eager = step()
+    # The eager reference runs after the capture: a backward run on the default stream before it
+    # leaves autograd state that ties the captured backward to that stream.
     graph, captured = capture(step, warmup=3)
+    eager = step()
     graph.replay()
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):
