@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py
 
-Covers the streaming (32- and 64-row), 128-row and CUDA-core forward tiles, column slices with
+Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
+with enough document tiles) and CUDA-core forward tiles, column slices with
 their merge, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
 quantized queries), argmax, every backward kernel (dQ, sorted and packed dD) and the loss."""
 
@@ -33,6 +34,12 @@ def main():
         maxsim.maxsim_with_argmax(tokens(1, 16, 64, dtype=dtype), tokens(2, 700, 64, dtype=dtype))
     # many short queries share the 128-row tile
     maxsim.maxsim(tokens(40, 16, 64), tokens(9, 70, 64), d_lengths=lens.repeat(2)[:9])
+    # the compute-bound tile at the sizes that take wgmma on Hopper (D 128 and 64, masks, argmax)
+    d_mask = torch.rand(70, 1000, device="cuda") > 0.1
+    maxsim.maxsim_with_argmax(tokens(32, 32, 128), tokens(70, 1000, 128), d_mask=d_mask)
+    g_mask = torch.rand(4, 70, 1024, device="cuda") > 0.1
+    Qg, Dg = tokens(4, 200, 64, dtype=torch.bfloat16), tokens(4, 70, 1024, 64, dtype=torch.bfloat16)
+    maxsim.maxsim(Qg, Dg, d_mask=g_mask)
     for fmt in ("int8", "fp8_e4m3"):
         for dtype in (torch.float16, torch.bfloat16):
             Q, D = tokens(3, 20, 64, dtype=dtype), maxsim.quantize(tokens(5, 70, 64), fmt)
