@@ -3,7 +3,8 @@
 A ColBERT with random weights (BERT encoder, default 4 layers, hidden 256, 128-d output) takes one
 AdamW step through PyLate's Contrastive loss (query, positive, negative: in-batch negatives over
 2*B documents) and through its Distillation loss (B queries, K candidates each). Each step is timed
-with CUDA events, median of --iters after --warmup, in three variants:
+with CUDA events, median of --iters, in three variants timed in --rounds interleaved rounds (the
+order rotating each round, so that drift during the run favours none of them):
 
     pylate-torch   PYLATE_SCORES_BACKEND=torch: PyLate's own PyTorch scoring (no peer kernels)
     pylate-auto    PyLate's default backend, a peer kernel where one is installed (skipped, and
@@ -190,34 +191,54 @@ def set_backend_env(value: str | None) -> None:
 
 
 def run_loss(name: str, model, make_loss, features, labels, args, device: str) -> dict:
+    """Times the variants in interleaved rounds (each round times every variant in turn, the order
+    rotating), so that drift over a long run (clocks, allocator growth) does not favour one."""
     from maxsim.integrations import pylate as integration
 
     auto = auto_backend(device)
     row = {"loss": name, "auto_backend": auto}
     values = {}
     caller_env = os.environ.get(BACKEND_ENV)
+    variants = [v for v in ("pylate-torch", "pylate-auto", "maxsim")
+                if not (v == "pylate-auto" and auto == "torch")]  # auto = torch: reported equal
+    steps, times, peaks = {}, {v: [] for v in variants}, {v: 0.0 for v in variants}
+
+    def activate(variant):
+        key, env = VARIANTS.get(variant, ("maxsim", caller_env))
+        set_backend_env(env)
+        integration.patch() if variant == "maxsim" else integration.unpatch()
+        return key
+
     try:
-        for variant in ("pylate-torch", "pylate-auto", "maxsim"):
-            key, env = VARIANTS.get(variant, ("maxsim", caller_env))
-            if variant == "pylate-auto" and auto == "torch":
-                continue  # the same code as pylate-torch: reported equal below
-            set_backend_env(env)
-            integration.patch() if variant == "maxsim" else integration.unpatch()
-            step = make_step(model, make_loss(), features, labels, args.dtype == "bf16", device)
+        for variant in variants:
+            key = activate(variant)
+            bf16 = args.dtype == "bf16"
+            steps[variant] = make_step(model, make_loss(), features, labels, bf16, device)
             torch.manual_seed(0)  # the same dropout masks for every variant's checked step
             with peers_used() as used:
-                values[key] = float(step().detach())
+                values[key] = float(steps[variant]().detach())
             if variant == "pylate-auto":
                 row["auto_peers_used"] = sorted(used)
+        rounds = max(1, min(args.rounds, args.iters))
+        for r in range(rounds):
+            order = variants[r % len(variants):] + variants[: r % len(variants)]
+            for variant in order:
+                activate(variant)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                n = args.iters // rounds + (1 if r < args.iters % rounds else 0)
+                warmup = args.warmup if r == 0 else 1  # one step re-settles after a switch
+                times[variant] += time_steps(steps[variant], n, warmup, device)
+                if device == "cuda":
+                    peaks[variant] = max(peaks[variant], torch.cuda.max_memory_allocated() / 2**20)
+        for variant in variants:
+            key = VARIANTS.get(variant, ("maxsim", None))[0]
+            row[f"{key}_ms"] = statistics.median(times[variant])
+            row[f"{key}_p20_ms"] = statistics.quantiles(times[variant], n=5)[0]
+            row[f"{key}_p80_ms"] = statistics.quantiles(times[variant], n=5)[-1]
             if device == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            times = time_steps(step, args.iters, args.warmup, device)
-            row[f"{key}_ms"] = statistics.median(times)
-            row[f"{key}_p20_ms"] = statistics.quantiles(times, n=5)[0]
-            row[f"{key}_p80_ms"] = statistics.quantiles(times, n=5)[-1]
-            if device == "cuda":
-                row[f"{key}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+                row[f"{key}_peak_mib"] = peaks[variant]
     finally:
         integration.unpatch()
         set_backend_env(caller_env)
@@ -279,7 +300,10 @@ def main() -> None:
         help="bf16 runs the step under torch.autocast",
     )
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before each round")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds the timed steps are split into"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 3 iterations")
     args = parser.parse_args()
     if args.quick:
