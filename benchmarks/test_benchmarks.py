@@ -148,3 +148,25 @@ def test_sass_histogram_splits_kernels_and_counts(tmp_path):
     assert "executed warp instructions: 900" in summary
     assert "HMMA" in summary and "88.9%" in summary  # 800 of 900, predicated one included
     assert "       400          800" in summary  # two static instructions run 400 times
+
+
+def test_kernel_ab_cases_are_well_formed():
+    import kernel_ab
+
+    for name, (dtype, (nq, lq), (nd, ld), layout, group, argmax, codes) in kernel_ab.CASES.items():
+        assert dtype in kernel_ab.DTYPES and codes in (None, "int8"), name
+        assert layout in (kernel_ab.ALL, kernel_ab.GROUPED) and isinstance(argmax, bool), name
+        if layout == kernel_ab.GROUPED:
+            assert nd == nq * group, name  # every query has its own candidates
+        assert min(nq, lq, nd, ld) > 0, name
+
+
+def test_kernel_ab_lists_and_rejects_unknown_cases(capsys, monkeypatch):
+    import kernel_ab
+
+    monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--list", "--only", "rerank,corpus"])
+    kernel_ab.main()
+    assert capsys.readouterr().out.splitlines()[0].startswith("rerank ")
+    monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--only", "nope"])
+    with pytest.raises(SystemExit):
+        kernel_ab.main()

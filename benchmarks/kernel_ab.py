@@ -1,0 +1,133 @@
+"""Kernel time of the raw CUDA ops of one source tree, for A/B comparisons of kernel changes.
+
+Builds the extension from ``--root`` (its own ``scripts/gpu_check.py``, so any tree or git ref
+checked out elsewhere works), then times each case as a CUDA graph of ``--reps`` calls replayed
+``--replays`` times (median, CUDA events): kernel time without the host work that dominates the
+small rows of ``bench.py``. Each case is checked against float64 on a slice of its pairs first.
+One JSON line per case on stdout; ``scripts/kernel_ab.sh`` runs several trees in one GPU call.
+
+    python benchmarks/kernel_ab.py [--root DIR] [--label NAME] [--only a,b] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL, GROUPED = 0, 1
+
+# name: (query dtype, (queries, Lq), (documents, Ld), layout, group, argmax, document codes)
+CASES = {
+    "rerank": ("fp16", (32, 32), (1600, 180), GROUPED, 50, False, None),
+    "rerank_heavy": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, None),
+    "rerank_colpali": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, None),
+    "corpus": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, None),
+    "allpairs_large": ("fp16", (128, 128), (128, 1024), ALL, 0, False, None),
+    "allpairs_large_bf16": ("bf16", (128, 128), (128, 1024), ALL, 0, False, None),
+    "train_colpali_fwd": ("bf16", (128, 128), (128, 1024), ALL, 0, True, None),
+    "train_medium_fwd": ("fp16", (64, 32), (64, 128), ALL, 0, True, None),
+    "fp32_allpairs": ("fp32", (128, 32), (256, 180), ALL, 0, True, None),
+    "fp32_rerank": ("fp32", (32, 32), (1600, 180), GROUPED, 50, False, None),
+    "rerank_heavy_int8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "int8"),
+    "rerank_colpali_int8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8"),
+}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def graph_ms(fn, reps: int, replays: int) -> float:
+    """Median time of one call: ``reps`` calls captured in a CUDA graph, replayed ``replays``
+    times (warm-up and allocations on a side stream first)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def spot_error(scores, Q, D, layout, group) -> float:
+    """Relative error of the first queries' scores against float64 (D already dequantized)."""
+    if layout == ALL:
+        nq, nd = min(4, Q.size(0)), min(8, D.size(0))
+        ref = torch.einsum("qik,djk->qdij", Q[:nq].double(), D[:nd].double()).amax(-1).sum(-1)
+        got = scores.view(Q.size(0), D.size(0))[:nq, :nd]
+    else:
+        nq = min(2, Q.size(0))
+        docs = D[: nq * group].double().view(nq, group, *D.shape[1:])
+        ref = torch.einsum("qik,qdjk->qdij", Q[:nq].double(), docs).amax(-1).sum(-1)
+        got = scores.view(Q.size(0), group)[:nq]
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+def run_case(ops, name: str, reps: int, replays: int) -> dict:
+    dtype, (nq, lq), (nd, ld), layout, group, argmax, codes = CASES[name]
+    torch.manual_seed(0)
+    Q = torch.nn.functional.normalize(torch.randn(nq, lq, 128, device="cuda"), dim=-1)
+    Q = Q.to(DTYPES[dtype])
+    rest = (None, None, None, None, None, None, None, None, layout, group, lq, argmax)
+    if codes is None:
+        D = torch.nn.functional.normalize(torch.randn(nd, ld, 128, device="cuda"), dim=-1)
+        D = D.to(DTYPES[dtype])
+        def call():
+            return ops.fwd(Q, D, *rest, False)
+        dense = D
+    else:
+        D = torch.randint(-127, 128, (nd, ld, 128), device="cuda", dtype=torch.int8)
+        scale = torch.rand(nd, ld, device="cuda") / 127
+        def call():
+            return ops.fwd_scaled(Q, None, D, scale, *rest)
+        n = max(8, 2 * group)
+        dense = D[:n].float() * scale[:n, :, None]
+    err = spot_error(call()[0], Q, dense, layout, group)
+    return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=ROOT, help="source tree to build (default: this one)")
+    ap.add_argument("--label", default=None, help="tree name in the output (default: --root)")
+    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--reps", type=int, default=10, help="calls per CUDA graph")
+    ap.add_argument("--replays", type=int, default=5, help="graph replays (median)")
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = ap.parse_args()
+    names = args.only.split(",") if args.only else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    if args.list:
+        for n in names:
+            print(n, CASES[n])
+        return
+    sys.path.insert(0, os.path.join(os.path.abspath(args.root), "scripts"))
+    import gpu_check  # the tree's own build: its csrc, its binding
+
+    ops = gpu_check.build()
+    label = args.label or os.path.abspath(args.root)
+    for name in names:
+        row = run_case(ops, name, args.reps, args.replays)
+        print(json.dumps({"tree": label, "gpu": torch.cuda.get_device_name(), **row}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
