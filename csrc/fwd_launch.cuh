@@ -30,6 +30,11 @@ template <> struct TileShape<Tile::kWide> { static constexpr int BM = 128, BN = 
 
 using Plan = FwdPlan;
 
+// Which tiles a document storage is built for: the wgmma tile (kWide) takes 16-bit documents
+// only (the planner never picks it for codes), so no 8-bit instance of it is compiled.
+template <Tile kTile, typename DT>
+constexpr bool kTileTakes = kTile != Tile::kWide || !kIsCodes<DT>;
+
 // 8-bit tiles take half the shared memory: three stages for every shape, which leaves room for
 // more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the 8-warp one.
 template <Tile kTile, typename DT>
@@ -110,12 +115,13 @@ int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
     using T = decltype(type_tag);
     with_tile(tile, [&](auto tile_tag) {
       constexpr Tile kTile = decltype(tile_tag)::value;
-      if constexpr (kTile == Tile::kWide && kIsCodes<DT>) return;  // 16-bit documents only
-      const bool d128 = p.dim == 128;
-      if (p.argmax != nullptr)
-        blocks = d128 ? resident_blocks<T, DT, kTile, true, 128>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
-      else
-        blocks = d128 ? resident_blocks<T, DT, kTile, false, 128>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
+      if constexpr (kTileTakes<kTile, DT>) {
+        const bool d128 = p.dim == 128;
+        if (p.argmax != nullptr)
+          blocks = d128 ? resident_blocks<T, DT, kTile, true, 128>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
+        else
+          blocks = d128 ? resident_blocks<T, DT, kTile, false, 128>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
+      }
     });
   });
   return blocks;
@@ -127,9 +133,10 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
     using T = decltype(type_tag);
     with_tile(plan.tile, [&](auto tile_tag) {
       constexpr Tile kTile = decltype(tile_tag)::value;
-      if constexpr (kTile == Tile::kWide && kIsCodes<DT>) return;  // 16-bit documents only
-      if (p.argmax != nullptr) launch_tc<T, DT, kTile, true>(p, plan, stream);
-      else launch_tc<T, DT, kTile, false>(p, plan, stream);
+      if constexpr (kTileTakes<kTile, DT>) {
+        if (p.argmax != nullptr) launch_tc<T, DT, kTile, true>(p, plan, stream);
+        else launch_tc<T, DT, kTile, false>(p, plan, stream);
+      }
     });
   });
 }

@@ -43,7 +43,7 @@ struct FwdTC {
   // 8-warp compute tile never does, and its registers have no room for the slice bookkeeping.
   static constexpr bool kSliced = WM * WN == 4;
   // Two warpgroups over 64 rows each and every column: on sm_90a the tile runs on wgmma, its
-  // shared-memory tiles laid out as core matrices (mma.cuh) instead of padded rows.
+  // shared-memory tiles stored with the 128-byte swizzle (mma.cuh) instead of padded rows.
   static constexpr bool kWide = WM == 8 && WN == 1 && !kCodes;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
@@ -229,36 +229,28 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         mask_stage = stage;
       }
       const int row0 = p_tile * BN;
-      if constexpr (kWg && kDim > 0) {
-        // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads);
-        // a thread's rows are kRowStep apart, so its chunk's swizzled column never changes and
-        // every copy is one base plus a constant.
-        constexpr int kChunks = kDim / 8, kRowStep = Cfg::kThreads / kChunks;
-        const int r0 = tid / kChunks, c = tid % kChunks, rows_left = p_span.cols - row0 - r0;
+      if constexpr (kWg) {
+        // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads;
+        // the wgmma tile's dims fill whole 64-dim atoms, so every chunk is in range). A thread's
+        // rows are wg_step (a multiple of 8) apart, so its chunk's swizzled column never changes
+        // and every copy is one base plus a constant.
+        const int wg_step = Cfg::kThreads / d_chunks;
+        const int r0 = tid / d_chunks, c = tid % d_chunks, rows_left = p_span.cols - row0 - r0;
         DElem* dst = d_s + stage * BN * ldd + swz(r0, c, BN);
         // A running byte address: one 64-bit add per copy instead of a multiply.
         uint64_t src = reinterpret_cast<uint64_t>(dg + row_elem(p.d, doc, p_seg.first_row, 0) + c * 8) +
                        uint64_t(row0 + r0) * p.d.row_stride * sizeof(DElem);
-        const uint64_t step = uint64_t(kRowStep) * p.d.row_stride * sizeof(DElem);
+        const uint64_t step = uint64_t(wg_step) * p.d.row_stride * sizeof(DElem);
 #pragma unroll
-        for (int i = 0; i < BN / kRowStep; ++i) {
-          const bool in = i * kRowStep < rows_left;
-          cp_async16(dst + i * kRowStep * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
+        for (int i = 0; i < BN / wg_step; ++i) {
+          const bool in = i * wg_step < rows_left;
+          cp_async16(dst + i * wg_step * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
           src += step;
         }
-      } else if constexpr (kWg) {
-        const DElem* src_doc = dg + row_elem(p.d, doc, p_seg.first_row, 0);
-        DElem* tile = d_s + stage * BN * ldd;
-        for (int e = tid; e < BN * d_chunks; e += Cfg::kThreads) {
-          const int r = e / d_chunks, c = e % d_chunks, s = row0 + r;
-          const bool in = c * 8 < dim && s < p_span.cols;
-          cp_async16(tile + swz(r, c, BN), in ? src_doc + int64_t(s) * p.d.row_stride + c * 8 : dg, in ? 16 : 0);
-        }
-      }
-      DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
-      const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
-      const bool col_in = copies && my_chunk * Cfg::kChunkElems < dim;
-      if (copies && !kWg) {
+      } else if (copies) {
+        DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
+        const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
+        const bool col_in = my_chunk * Cfg::kChunkElems < dim;
         for (int r = tid / chunks_p2; r < BN; r += row_step) {
           const int s = row0 + r;
           const bool in = col_in && s < p_span.cols;
@@ -294,11 +286,26 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   int c_tile = c_span.begin;
   int loaded_q = q0;
 
-  // Running max over a tile's valid columns (bit 2 * ni + e of `ok`: column ni * 8 + e of this
-  // thread's pairs, from col0). With argmax, the tile's max is found
-  // first (one max per element); only when it beats the running best is the row rescanned for
-  // the lowest column holding it, so the common path costs the same as without argmax.
+  // Which of this thread's columns of the consumer's tile are valid: bit 2 * ni + e for column
+  // col0 + ni * 8 + e. Full tiles without a mask skip the per-column tests.
   constexpr uint32_t kAllCols = NT * 2 == 32 ? ~0u : (1u << (NT * 2)) - 1;
+  auto valid_cols = [&](int col0) {
+    if ((c_tile + 1) * BN <= c_span.cols && p.d.mask == nullptr) return kAllCols;
+    uint32_t ok = 0;
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col0 + ni * 8 + e;
+        if (col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN]))
+          ok |= 1u << (ni * 2 + e);
+      }
+    return ok;
+  };
+
+  // Running max over a tile's valid columns (`ok`, from valid_cols). With argmax, the tile's max
+  // is found first (one max per element); only when it beats the running best is the row
+  // rescanned for the lowest column holding it, so the common path costs the same as without.
   auto tile_max = [&](const float (&acc)[MT][NT][4], uint32_t ok, int col0) {
     const bool all = ok == kAllCols;  // full tiles without a mask: no per-column selects
 #pragma unroll
@@ -436,18 +443,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       __syncthreads();
       issue((stage + STAGES - 1) % STAGES);
       const int col0 = c_tile * BN + (lane % 4) * 2;
-      uint32_t ok = 0xffffffffu;
-      if ((c_tile + 1) * BN > c_span.cols || p.d.mask != nullptr) {
-        ok = 0;
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = col0 + ni * 8 + e;
-            if (col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN]))
-              ok |= 1u << (ni * 2 + e);
-          }
-      }
+      const uint32_t ok = valid_cols(col0);
       const uint64_t b_stage = b_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
@@ -455,8 +451,6 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       for (int k = 0; k < kdim / 16; ++k)
         wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
       wgmma_commit();
-      // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
-      // see the wait of the previous step through the loop's back edge).
       // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
       // see the wait of the previous step through the loop's back edge).
       wgmma_wait<1>();
@@ -497,16 +491,7 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
 
       // Column validity first: its mask loads are then in flight during the MMAs.
       const int col0 = c_tile * BN + warp_n * Cfg::kWarpCols + (lane % 4) * 2;
-      const bool full = (c_tile + 1) * BN <= c_span.cols && p.d.mask == nullptr;
-      uint32_t ok = 0;
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = col0 + ni * 8 + e;
-          if (full || (col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + col - c_tile * BN])))
-            ok |= 1u << (ni * 2 + e);
-        }
+      const uint32_t ok = valid_cols(col0);
       // S = Q_tile * D_tile^T for this warp's rows and columns.
       float acc[MT][NT][4];
 #pragma unroll

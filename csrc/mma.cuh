@@ -99,12 +99,6 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 #define MAXSIM_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
                         "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MAXSIM_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define MAXSIM_WG_OUT MAXSIM_WG_D8(0), MAXSIM_WG_D8(8), MAXSIM_WG_D8(16), MAXSIM_WG_D8(24), \
-  MAXSIM_WG_D8(32), MAXSIM_WG_D8(40), MAXSIM_WG_D8(48), MAXSIM_WG_D8(56)
 // D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, fp32 accumulators: thread's d[4j + e] holds
 // row (warp % 4) * 16 + lane / 4 + 8 * (e / 2), column 8j + (lane % 4) * 2 + e % 2 of the
 // warpgroup's tile, the m16n8 layout repeated over 16 column blocks. A and B are read from shared
@@ -113,17 +107,22 @@ template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MAXSIM_WG_ASM(TYPE)                                                                        \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                       \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_D64     \
-               ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                   \
-               : MAXSIM_WG_OUT : "l"(a), "l"(b), "r"(int(accumulate)))
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                             \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "          \
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
+      : MAXSIM_WG_D8(0), MAXSIM_WG_D8(8), MAXSIM_WG_D8(16), MAXSIM_WG_D8(24), MAXSIM_WG_D8(32),   \
+        MAXSIM_WG_D8(40), MAXSIM_WG_D8(48), MAXSIM_WG_D8(56)                                      \
+      : "l"(a), "l"(b), "r"(int(accumulate)))
   if constexpr (kBf16) MAXSIM_WG_ASM("bf16");
   else MAXSIM_WG_ASM("f16");
 #undef MAXSIM_WG_ASM
 #endif
 }
-#undef MAXSIM_WG_OUT
-#undef MAXSIM_WG_D64
 #undef MAXSIM_WG_D8
 
 // max that propagates NaN (fmaxf drops it).
