@@ -202,16 +202,16 @@ def run_loss(name: str, model, make_loss, features, labels, args, device: str) -
     variants = [v for v in ("pylate-torch", "pylate-auto", "maxsim")
                 if not (v == "pylate-auto" and auto == "torch")]  # auto = torch: reported equal
     steps, times, peaks = {}, {v: [] for v in variants}, {v: 0.0 for v in variants}
+    keys = {v: VARIANTS.get(v, ("maxsim", None))[0] for v in variants}
 
     def activate(variant):
-        key, env = VARIANTS.get(variant, ("maxsim", caller_env))
-        set_backend_env(env)
+        set_backend_env(VARIANTS.get(variant, (None, caller_env))[1])
         integration.patch() if variant == "maxsim" else integration.unpatch()
-        return key
 
     try:
         for variant in variants:
-            key = activate(variant)
+            activate(variant)
+            key = keys[variant]
             bf16 = args.dtype == "bf16"
             steps[variant] = make_step(model, make_loss(), features, labels, bf16, device)
             torch.manual_seed(0)  # the same dropout masks for every variant's checked step
@@ -233,7 +233,7 @@ def run_loss(name: str, model, make_loss, features, labels, args, device: str) -
                 if device == "cuda":
                     peaks[variant] = max(peaks[variant], torch.cuda.max_memory_allocated() / 2**20)
         for variant in variants:
-            key = VARIANTS.get(variant, ("maxsim", None))[0]
+            key = keys[variant]
             row[f"{key}_ms"] = statistics.median(times[variant])
             row[f"{key}_p20_ms"] = statistics.quantiles(times[variant], n=5)[0]
             row[f"{key}_p80_ms"] = statistics.quantiles(times[variant], n=5)[-1]
