@@ -331,13 +331,25 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
           const float b = best_v[mi][h];
           if (tmax > b || (tmax != tmax && b == b)) {
             int idx = -1;
+            if (all && tmax == tmax) {
+              // Every column valid and no NaN: one compare and one select per value (the rescan
+              // runs in nearly every tile, since some lane of the warp nearly always improves).
+              int off = 0;
 #pragma unroll
-            for (int ni = NT - 1; ni >= 0; --ni)
+              for (int ni = NT - 1; ni >= 0; --ni)
 #pragma unroll
-              for (int e = 1; e >= 0; --e) {
-                const float v = acc[mi][ni][h * 2 + e];
-                if (((ok >> (ni * 2 + e)) & 1u) && (v == tmax || (v != v && tmax != tmax))) idx = col0 + ni * 8 + e;
-              }
+                for (int e = 1; e >= 0; --e) off = acc[mi][ni][h * 2 + e] == tmax ? ni * 8 + e : off;
+              idx = col0 + off;
+            } else {
+#pragma unroll
+              for (int ni = NT - 1; ni >= 0; --ni)
+#pragma unroll
+                for (int e = 1; e >= 0; --e) {
+                  const float v = acc[mi][ni][h * 2 + e];
+                  if (((ok >> (ni * 2 + e)) & 1u) && (v == tmax || (v != v && tmax != tmax)))
+                    idx = col0 + ni * 8 + e;
+                }
+            }
             best_v[mi][h] = tmax;
             best_i[mi][h] = idx;
           }
