@@ -1,10 +1,61 @@
 // Forward launcher: picks the kernel and tile shape for a problem, sizes the grid, launches.
+#include <cuda.h>
+
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include "fwd_launch.cuh"
 #include "fwd_simt.cuh"
 
 namespace maxsim {
 namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda).
+EncodeTiled encoder() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return EncodeTiled(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// The documents as one 2-D tensor [rows, dim] for the wgmma tile's TMA loads: 64 x 128 boxes
+// (64 dims = the 128-byte swizzle span) swizzled the way wgmma reads them. Needs segments that
+// follow each other row after row (packed, or padded without gaps), 16-byte row pitch and base,
+// and row indices that fit an int; otherwise false, and the tile copies with cp.async.
+bool encode_documents(FwdParams& p, DType dtype) {
+  const TokenSet& d = p.d;
+  const int64_t rows = d.offsets != nullptr ? d.rows : int64_t(d.count) * d.pad_len;
+  if (d.offsets == nullptr && d.seg_stride != int64_t(d.pad_len) * d.row_stride) return false;
+  const uint64_t pitch = uint64_t(d.row_stride) * 2;
+  if (rows < 1 || rows >= INT_MAX || pitch % 16 || reinterpret_cast<uintptr_t>(d.data) % 16) return false;
+  const EncodeTiled encode = encoder();
+  if (encode == nullptr) return false;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(p.dim), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {pitch};
+  const cuuint32_t box[2] = {64, 128}, element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            2, const_cast<void*>(d.data), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  static_assert(sizeof(map) == sizeof(p.d_tmap), "CUtensorMap is 128 bytes");
+  std::memcpy(p.d_tmap, &map, sizeof(map));
+  return true;
+}
 
 // Sums the per-row-tile partial scores of long queries, in a fixed order.
 __global__ void sum_partials_kernel(const float* partial, float* scores, int m_tiles, int n) {
@@ -187,6 +238,10 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     storage_launch<Int8Codes>(p, plan, dtype, stream);
   } else if (p.codes == Codes::kE4m3) {
     storage_launch<E4m3Codes>(p, plan, dtype, stream);
+  } else if (plan.tile == Tile::kWide) {
+    FwdParams wide = p;
+    wide.d_tma = encode_documents(wide, dtype);
+    storage_launch<Plain>(wide, plan, dtype, stream);
   } else {
     storage_launch<Plain>(p, plan, dtype, stream);
   }

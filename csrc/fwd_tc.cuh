@@ -57,7 +57,8 @@ struct FwdTC {
   }
   static size_t smem_bytes(int dim) {
     return size_t(BM) * ldq(dim) * sizeof(T) + size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
-           size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kCodes ? 5 : 1);
+           size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kCodes ? 5 : 1) +
+           (kWide ? 8 + STAGES * 8 : 0);  // the TMA loads' mbarriers, 8-byte aligned
   }
 };
 
@@ -73,7 +74,7 @@ constexpr int kMinBlocks = kWarps == 8 ? (WN == 1 ? 1 : 2) : kIsCodes<DT> && BM 
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
           int kDim>
 __global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, WN, BM>))
-fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
+fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
   using Cfg = FwdTC<T, DT, BM, BN, WM, WN, STAGES, kArgmax>;
   using DElem = typename Cfg::DElem;
@@ -95,6 +96,8 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
   float* scale_s = row_scale + BM;                 // [STAGES][BN] code scales (codes only)
   bool* row_ok = reinterpret_cast<bool*>(scale_s + (kCodes ? STAGES * BN : 0));
   bool* mask_s = row_ok + BM;  // [STAGES][BN] document-token mask of each staged tile
+  // [STAGES] mbarriers of the wgmma tile's TMA loads (kWide only: smem_bytes leaves room)
+  uint64_t* full = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(mask_s + STAGES * BN) + 7) & ~uintptr_t(7));
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / WN, warp_n = warp % WN;
@@ -229,7 +232,17 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
         mask_stage = stage;
       }
       const int row0 = p_tile * BN;
-      if constexpr (kWg) {
+      if (kWg && p.d_tma) {
+        // One thread loads the tile as 64-dim boxes (the tensor map swizzles them the way wgmma
+        // reads); rows past this document are masked by `cols`, past the tensor zero-filled.
+        if (tid == 0) {
+          DElem* tile = d_s + stage * BN * ldd;
+          const int grow = static_cast<int>(p_seg.first_row) + row0;
+          mbar_expect_tx(full + stage, uint32_t(BN * kdim * sizeof(DElem)));
+          for (int atom = 0; atom < kdim / 64; ++atom)
+            tma_load_2d(tile + atom * BN * 64, p.d_tmap, atom * 64, grow, full + stage);
+        }
+      } else if constexpr (kWg) {
         // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads;
         // the wgmma tile's dims fill whole 64-dim atoms, so every chunk is in range). A thread's
         // rows are wg_step (a multiple of 8) apart, so its chunk's swizzled column never changes
@@ -264,6 +277,13 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
     }
     cp_async_commit();  // empty groups keep the wait counts uniform
   };
+  if (kWg && p.d_tma) {
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) mbar_init(full + s, 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     stage_mask();
@@ -448,9 +468,12 @@ fwd_tc_kernel(const FwdParams p, const FwdGrid grid) {
       tile_max(acc, ok_prev, col0_prev);
       if (end_prev) end_doc(item_prev);
     };
+    int steps = 0;  // tiles consumed: stage `stage` holds its (steps / STAGES)-th load
     auto step = [&](float (&acc)[MT][NT][4], const float (&acc_prev)[MT][NT][4]) {
       stage_mask();
-      cp_async_wait<STAGES - 2>();
+      if (p.d_tma) mbar_wait(full + stage, (steps / STAGES) & 1);
+      else cp_async_wait<STAGES - 2>();
+      ++steps;
       fence_proxy_async();  // this thread's copies, then wgmma's reads
       __syncthreads();
       issue((stage + STAGES - 1) % STAGES);

@@ -125,6 +125,43 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
 }
 #undef MAXSIM_WG_D8
 
+// ---- Hopper TMA (sm_90): one thread loads a tile box into shared memory; an mbarrier counts the
+// bytes that arrived (its phase completes when all announced bytes have).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrives once on `bar`, announcing `bytes` more to come from TMA loads.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+// Box (x = inner element, y = row) of the 2-D tensor map `map` (a __grid_constant__ parameter).
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int x, int y, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)), "l"(map), "r"(x), "r"(y),
+      "r"(smem_addr(bar)) : "memory");
+#endif
+}
+
 // max that propagates NaN (fmaxf drops it).
 __device__ __forceinline__ float max_nan(float a, float b) {
   float r;

@@ -44,6 +44,10 @@ struct FwdParams {
   float* scores = nullptr;          // [num_pairs]
   float* partial = nullptr;         // [m_tiles, num_pairs] when a query spans several row tiles
   int* argmax = nullptr;            // [num_pairs, max_lq] or null
+  // Hopper's wgmma tile: a TMA descriptor (CUtensorMap) of the document rows as one 2-D tensor
+  // [rows, dim], 64 x 128 boxes with the 128-byte swizzle, when the host could build one.
+  bool d_tma = false;
+  alignas(64) unsigned char d_tmap[128] = {};
 };
 
 // Which rows (of the tensor-core forward) a block owns and which documents it scores them against.
