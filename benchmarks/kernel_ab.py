@@ -36,6 +36,13 @@ CASES = {
     "rerank_heavy_int8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "int8"),
     "rerank_colpali_int8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8"),
 }
+# Contrastive training steps (forward with argmax, loss, backward; one op): name: (dtype, (queries,
+# Lq), (documents, Ld)), all pairs, diagonal targets, document lengths drawn from [Ld / 2, Ld].
+STEPS = {
+    "train_small_step": ("fp16", (32, 32), (32, 80)),
+    "train_medium_step": ("fp16", (64, 32), (64, 128)),
+    "train_colpali_step": ("bf16", (128, 128), (128, 1024)),
+}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -65,6 +72,12 @@ def graph_ms(fn, reps: int, replays: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def tokens(n: int, length: int, dtype: str) -> torch.Tensor:
+    """Random L2-normalised token vectors [n, length, 128] on the GPU."""
+    x = torch.nn.functional.normalize(torch.randn(n, length, 128, device="cuda"), dim=-1)
+    return x.to(DTYPES[dtype])
+
+
 def spot_error(scores, Q, D, layout, group) -> float:
     """Relative error of the first queries' scores against float64 (D already dequantized)."""
     if layout == ALL:
@@ -82,12 +95,10 @@ def spot_error(scores, Q, D, layout, group) -> float:
 def run_case(ops, name: str, reps: int, replays: int) -> dict:
     dtype, (nq, lq), (nd, ld), layout, group, argmax, codes = CASES[name]
     torch.manual_seed(0)
-    Q = torch.nn.functional.normalize(torch.randn(nq, lq, 128, device="cuda"), dim=-1)
-    Q = Q.to(DTYPES[dtype])
+    Q = tokens(nq, lq, dtype)
     rest = (None, None, None, None, None, None, None, None, layout, group, lq, argmax)
     if codes is None:
-        D = torch.nn.functional.normalize(torch.randn(nd, ld, 128, device="cuda"), dim=-1)
-        D = D.to(DTYPES[dtype])
+        D = tokens(nd, ld, dtype)
         def call():
             return ops.fwd(Q, D, *rest, False)
         dense = D
@@ -102,6 +113,32 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
     return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
 
 
+def step_loss_error(loss, Q, D, lengths) -> float:
+    """Relative error of the step's loss against float64 (scores computed 8 queries at a time)."""
+    valid = torch.arange(D.size(1), device=D.device)[None, :] < lengths[:, None]
+    rows = []
+    for q in Q.double().split(8):
+        sim = torch.einsum("qik,djk->qdij", q, D.double())
+        rows.append(sim.masked_fill(~valid[None, :, None], -torch.inf).amax(-1).sum(-1))
+    scores = torch.cat(rows)
+    ref = torch.nn.functional.cross_entropy(scores, torch.arange(Q.size(0), device=Q.device))
+    return float(abs(loss.double() - ref) / abs(ref))
+
+
+def run_step(ops, name: str, reps: int, replays: int) -> dict:
+    dtype, (nq, lq), (nd, ld) = STEPS[name]
+    torch.manual_seed(0)
+    Q, D = (tokens(n, length, dtype) for n, length in ((nq, lq), (nd, ld)))
+    lengths = torch.randint(ld // 2, ld + 1, (nd,), device="cuda", dtype=torch.int32)
+    targets = torch.arange(nq, device="cuda")
+
+    def call():
+        return ops.contrastive_step(
+            Q, D, None, None, None, None, lengths, None, ALL, 0, lq, targets, 1.0)
+    err = step_loss_error(call()[0], Q, D, lengths)
+    return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=ROOT, help="source tree to build (default: this one)")
@@ -111,13 +148,14 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=5, help="graph replays (median)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else list(CASES)
-    unknown = [n for n in names if n not in CASES]
+    names = args.only.split(",") if args.only else [*CASES, *STEPS]
+    known = {**CASES, **STEPS}
+    unknown = [n for n in names if n not in known]
     if unknown:
-        ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+        ap.error(f"unknown case(s) {unknown}; known: {', '.join(known)}")
     if args.list:
         for n in names:
-            print(n, CASES[n])
+            print(n, known[n])
         return
     sys.path.insert(0, os.path.join(os.path.abspath(args.root), "scripts"))
     import gpu_check  # the tree's own build: its csrc, its binding
@@ -125,7 +163,8 @@ def main() -> None:
     ops = gpu_check.build()
     label = args.label or os.path.abspath(args.root)
     for name in names:
-        row = run_case(ops, name, args.reps, args.replays)
+        run = run_step if name in STEPS else run_case
+        row = run(ops, name, args.reps, args.replays)
         print(json.dumps({"tree": label, "gpu": torch.cuda.get_device_name(), **row}), flush=True)
 
 

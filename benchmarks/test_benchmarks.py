@@ -159,6 +159,9 @@ def test_kernel_ab_cases_are_well_formed():
         if layout == kernel_ab.GROUPED:
             assert nd == nq * group, name  # every query has its own candidates
         assert min(nq, lq, nd, ld) > 0, name
+    for name, (dtype, (nq, lq), (nd, ld)) in kernel_ab.STEPS.items():
+        # diagonal targets: a document per query
+        assert dtype in kernel_ab.DTYPES and nd >= nq > 0 and min(lq, ld) > 1, name
 
 
 def test_kernel_ab_lists_and_rejects_unknown_cases(capsys, monkeypatch):
@@ -167,6 +170,9 @@ def test_kernel_ab_lists_and_rejects_unknown_cases(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--list", "--only", "rerank,corpus"])
     kernel_ab.main()
     assert capsys.readouterr().out.splitlines()[0].startswith("rerank ")
+    monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--list", "--only", "train_small_step"])
+    kernel_ab.main()
+    assert capsys.readouterr().out.startswith("train_small_step ")
     monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--only", "nope"])
     with pytest.raises(SystemExit):
         kernel_ab.main()
