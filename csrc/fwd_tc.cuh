@@ -328,37 +328,51 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // rescanned for the lowest column holding it, so the common path costs the same as without.
   auto tile_max = [&](const float (&acc)[MT][NT][4], uint32_t ok, int col0) {
     const bool all = ok == kAllCols;  // full tiles without a mask: no per-column selects
+    // Every row's tile max first, in two chains per row, and the test of `all` outside the
+    // loops: the rows' chains then interleave (one basic block), which hides the max latency.
+    float tmax[MT][2];
+    if (all) {
 #pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
+      for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // Two independent chains: half the dependent max latency.
-        float m2[2] = {-INFINITY, -INFINITY};
-        if (all) {
+        for (int h = 0; h < 2; ++h) {
+          float m2[2] = {acc[mi][0][h * 2], acc[mi][0][h * 2 + 1]};
 #pragma unroll
-          for (int ni = 0; ni < NT; ++ni)
+          for (int ni = 1; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 2; ++e) m2[e] = max_nan(m2[e], acc[mi][ni][h * 2 + e]);
-        } else {
+          tmax[mi][h] = max_nan(m2[0], m2[1]);
+        }
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float m2[2] = {-INFINITY, -INFINITY};
 #pragma unroll
           for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
               m2[e] = max_nan(m2[e], ((ok >> (ni * 2 + e)) & 1u) ? acc[mi][ni][h * 2 + e] : -INFINITY);
+          tmax[mi][h] = max_nan(m2[0], m2[1]);
         }
-        const float tmax = max_nan(m2[0], m2[1]);
+    }
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
         if constexpr (kArgmax) {
-          const float b = best_v[mi][h];
-          if (tmax > b || (tmax != tmax && b == b)) {
+          const float b = best_v[mi][h], t = tmax[mi][h];
+          if (t > b || (t != t && b == b)) {
             int idx = -1;
-            if (all && tmax == tmax) {
+            if (all && t == t) {
               // Every column valid and no NaN: one compare and one select per value (the rescan
               // runs in nearly every tile, since some lane of the warp nearly always improves).
               int off = 0;
 #pragma unroll
               for (int ni = NT - 1; ni >= 0; --ni)
 #pragma unroll
-                for (int e = 1; e >= 0; --e) off = acc[mi][ni][h * 2 + e] == tmax ? ni * 8 + e : off;
+                for (int e = 1; e >= 0; --e) off = acc[mi][ni][h * 2 + e] == t ? ni * 8 + e : off;
               idx = col0 + off;
             } else {
 #pragma unroll
@@ -366,15 +380,15 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #pragma unroll
                 for (int e = 1; e >= 0; --e) {
                   const float v = acc[mi][ni][h * 2 + e];
-                  if (((ok >> (ni * 2 + e)) & 1u) && (v == tmax || (v != v && tmax != tmax)))
+                  if (((ok >> (ni * 2 + e)) & 1u) && (v == t || (v != v && t != t)))
                     idx = col0 + ni * 8 + e;
                 }
             }
-            best_v[mi][h] = tmax;
+            best_v[mi][h] = t;
             best_i[mi][h] = idx;
           }
         } else {
-          best_v[mi][h] = max_nan(best_v[mi][h], tmax);
+          best_v[mi][h] = max_nan(best_v[mi][h], tmax[mi][h]);
         }
       }
   };
