@@ -190,6 +190,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     }
   };
   load_queries(q0);
+  if constexpr (kWg) fence_proxy_async();  // the query tile's stores, then wgmma's reads
 
   auto span_of = [&](const Segment& g) {
     const int tiles = max(1, (g.len + BN - 1) / BN);
@@ -485,12 +486,15 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     int steps = 0;  // tiles consumed: stage `stage` holds its (steps / STAGES)-th load
     auto step = [&](float (&acc)[MT][NT][4], const float (&acc_prev)[MT][NT][4]) {
       stage_mask();
-      if (p.d_tma) mbar_wait(full + stage, (steps / STAGES) & 1);
-      else cp_async_wait<STAGES - 2>();
+      if (p.d_tma) {
+        mbar_wait(full + stage, (steps / STAGES) & 1);
+      } else {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();  // this thread's copies, then wgmma's reads
+        __syncthreads();
+        issue((stage + STAGES - 1) % STAGES);
+      }
       ++steps;
-      fence_proxy_async();  // this thread's copies, then wgmma's reads
-      __syncthreads();
-      issue((stage + STAGES - 1) % STAGES);
       const int col0 = c_tile * BN + (lane % 4) * 2;
       const uint32_t ok = valid_cols(col0);
       const uint64_t b_stage = b_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
@@ -500,6 +504,12 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       for (int k = 0; k < kdim / 16; ++k)
         wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
       wgmma_commit();
+      if (p.d_tma) {
+        // Tile t-1's stage is free once every warpgroup has waited for its wgmma: with TMA that
+        // barrier (and the refill) runs while tile t's wgmma does.
+        __syncthreads();
+        issue((stage + STAGES - 1) % STAGES);
+      }
       // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
       // see the wait of the previous step through the loop's back edge).
       wgmma_wait<1>();
