@@ -84,7 +84,7 @@ def _check_targets(targets, D, shape, device):
                 f"got {nq} queries and {cols} documents; pass targets"
             )
     else:
-        check.index("targets", targets, (nq,), device)  # the op takes int64 as is
+        check.require_index("targets", targets, (nq,), device)  # the op takes either as is
         if debug_enabled() and nq:
             check.check_range("targets", targets, 0, cols - 1, f"a document index in [0, {cols})")
     if cols == 0 and nq:

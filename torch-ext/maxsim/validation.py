@@ -96,15 +96,20 @@ def _on_device(name: str, t: torch.Tensor, device: torch.device) -> None:
         raise ValueError(f"{name}: expected device {device} like the embeddings, got {t.device}")
 
 
-def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
-    """Lengths, offsets or ids: int32/int64 of ``shape`` on ``device``, returned as int32
-    (no copy when it already is a contiguous int32 tensor)."""
+def require_index(name: str, t, shape: tuple, device: torch.device) -> None:
+    """Lengths, offsets or ids: an int32/int64 tensor of ``shape`` on ``device``."""
     require_tensor(name, t, f"of shape {list(shape)}")
     if t.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
     if t.shape != shape:
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     _on_device(name, t, device)
+
+
+def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
+    """:func:`require_index`, returned as int32 (no copy when it already is a contiguous int32
+    tensor)."""
+    require_index(name, t, shape, device)
     if t.dtype == torch.int32 and t.is_contiguous():
         return t
     return t.to(torch.int32).contiguous()
