@@ -329,20 +329,24 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // rescanned for the lowest column holding it, so the common path costs the same as without.
   auto tile_max = [&](const float (&acc)[MT][NT][4], uint32_t ok, int col0) {
     const bool all = ok == kAllCols;  // full tiles without a mask: no per-column selects
-    // Every row's tile max first, in two chains per row, and the test of `all` outside the
-    // loops: the rows' chains then interleave (one basic block), which hides the max latency.
-    float tmax[MT][2];
+    // Every row's tile max first, with the test of `all` outside the loops: the rows' max trees
+    // then interleave (one basic block), which hides the max latency. Full tiles keep the max of
+    // each column pair (columns ni * 8 + 0 / 1) for the argmax rescan.
+    float tmax[MT][2], pair_max[MT][2][NT];
     if (all) {
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float m2[2] = {acc[mi][0][h * 2], acc[mi][0][h * 2 + 1]};
+          float r[NT];
 #pragma unroll
-          for (int ni = 1; ni < NT; ++ni)
+          for (int ni = 0; ni < NT; ++ni)
+            r[ni] = pair_max[mi][h][ni] = max_nan(acc[mi][ni][h * 2], acc[mi][ni][h * 2 + 1]);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) m2[e] = max_nan(m2[e], acc[mi][ni][h * 2 + e]);
-          tmax[mi][h] = max_nan(m2[0], m2[1]);
+          for (int w = 1; w < NT; w *= 2)
+#pragma unroll
+            for (int ni = 0; ni + w < NT; ni += 2 * w) r[ni] = max_nan(r[ni], r[ni + w]);
+          tmax[mi][h] = r[0];
         }
     } else {
 #pragma unroll
@@ -366,9 +370,21 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           const float b = best_v[mi][h], t = tmax[mi][h];
           if (t > b || (t != t && b == b)) {
             int idx = -1;
-            if (all && t == t) {
-              // Every column valid and no NaN: one compare and one select per value (the rescan
-              // runs in nearly every tile, since some lane of the warp nearly always improves).
+            if (all && t == t && MT == 1) {
+              // Every column valid and no NaN: the lowest column pair holding the max, then which
+              // of its two columns; one compare and two selects per pair (the rescan runs in
+              // nearly every tile, since some lane of the warp nearly always improves). Only
+              // where the pair maxima fit in registers (one row tile per warp: the wgmma tile).
+              int off = 0;
+              float first = 0.f;  // the lower column of that pair
+#pragma unroll
+              for (int ni = NT - 1; ni >= 0; --ni) {
+                const bool hit = pair_max[mi][h][ni] == t;
+                off = hit ? ni * 8 : off;
+                first = hit ? acc[mi][ni][h * 2] : first;
+              }
+              idx = col0 + off + (first == t ? 0 : 1);
+            } else if (all && t == t) {  // one compare and one select per value
               int off = 0;
 #pragma unroll
               for (int ni = NT - 1; ni >= 0; --ni)
