@@ -15,6 +15,18 @@ int dd_rows(int dim, int64_t total_rows, int num_sms) {
   return static_cast<int>(std::max<int64_t>(8, std::min<int64_t>(cap, spread)));
 }
 
+// Whether every kSlice-value slice of a token set's rows is one aligned 16-byte load.
+bool vec_rows(const TokenSet& s, int dim, int slice) {
+  return reinterpret_cast<uintptr_t>(s.data) % 16 == 0 && dim % slice == 0 &&
+         s.row_stride % slice == 0 && (s.offsets != nullptr || s.seg_stride % slice == 0);
+}
+
+// Ranges of the dD sort: one per warp, as many as per-range row counters fit a 64 KB budget.
+int sort_ranges(int pad_len, const DeviceInfo& dev) {
+  const int budget = std::min(64 * 1024, dev.max_smem - 1024);  // leaves room for static smem
+  return std::max(1, std::min(kSortWarps, budget / (pad_len * int(sizeof(int)))));
+}
+
 }  // namespace
 
 bool bwd_sorts_rows(const BwdParams& p) {
@@ -27,14 +39,20 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     const int warps = kBwdThreads / 32;
     const int q_rows = p.q.offsets ? p.max_lq : p.q.pad_len;
     const int row_blocks = (std::max(q_rows, 1) + warps - 1) / warps;
-    if (p.q.count > 0 && q_rows > 0)
-      bwd_dq_kernel<T><<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
+    if (p.q.count > 0 && q_rows > 0) {
+      auto dq = vec_rows(p.d, p.dim, kSlice<T>) ? bwd_dq_kernel<T, true> : bwd_dq_kernel<T, false>;
+      dq<<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
+    }
     if (p.d.rows > 0 && p.dd_sorted != nullptr) {
-      const size_t smem = size_t(p.d.pad_len) * sizeof(int);
+      const int ranges = sort_ranges(p.d.pad_len, dev);
+      const size_t smem = size_t(ranges) * p.d.pad_len * sizeof(int);
       allow_smem<bwd_dd_sort_kernel>(smem);
-      bwd_dd_sort_kernel<<<p.d.count, kSortThreads, smem, stream>>>(p);
-      const int64_t blocks = (p.d.rows + kBwdWarps - 1) / kBwdWarps;
-      bwd_dd_rows_kernel<T><<<static_cast<unsigned>(blocks), kBwdThreads, 0, stream>>>(p);
+      bwd_dd_sort_kernel<<<p.d.count, kSortThreads, smem, stream>>>(p, ranges);
+      const int64_t rows_per_block = 2 * kBwdWarps;
+      const int64_t blocks = (p.d.rows + rows_per_block - 1) / rows_per_block;
+      auto rows = vec_rows(p.q, p.dim, kSlice<T>) ? bwd_dd_rows_kernel<T, true>
+                                                 : bwd_dd_rows_kernel<T, false>;
+      rows<<<static_cast<unsigned>(blocks), kBwdThreads, 0, stream>>>(p);
     } else if (p.d.rows > 0) {
       const int rows = dd_rows(p.dim, p.d.rows, dev.num_sms);
       const size_t smem = size_t(rows) * p.dim * sizeof(float);

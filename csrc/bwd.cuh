@@ -5,6 +5,7 @@
 // Every output row has exactly one writer that adds its terms in a fixed order: no atomics,
 // bit-identical results run after run.
 #pragma once
+#include <type_traits>
 #include "fwd_simt.cuh"
 
 namespace maxsim {
@@ -48,7 +49,6 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
 
 constexpr int kBwdThreads = 128;
 constexpr int kBwdWarps = kBwdThreads / 32;
-constexpr int kBatch = 8;  // independent row gathers in flight per warp
 
 // Loads 4 consecutive values (one lane's share of a 128-wide column chunk) as fp32; one 8-byte
 // (16-bit types) or 16-byte (fp32) load when the whole group is in range and aligned.
@@ -71,83 +71,187 @@ __device__ __forceinline__ void load4(const T* src, int c, int dim, float (&v)[4
   for (int e = 0; e < 4; ++e) v[e] = c + e < dim ? to_f32(at[e]) : 0.f;
 }
 
-// One warp per query token row, kBwdWarps consecutive rows of one query per block; each lane owns
-// 4 consecutive columns of every 128. The block first stages the argmax entries and score
-// indices of a few hundred pairs in shared memory (one pass, many loads in flight), so that each
-// warp's loop only waits on its batches of row gathers.
-constexpr int kDqStagedPairs = 512;
+// Row gathers of dQ and of dD by row: each half-warp takes one row, each lane a 16-byte slice of
+// it (kSlice values), so a half-warp covers kSlice * 16 columns (128 for 16-bit types, 64 for
+// fp32) and the two half-warps gather different rows. kVec: every slice is one aligned 16-byte
+// load (16-byte aligned data, row strides and dim multiples of kSlice); otherwise element loads.
+template <typename T> constexpr int kSlice = 16 / sizeof(T);
+// Rows a half-warp loads before adding them (element loads hold more registers per slice).
+template <bool kVec> constexpr int kGatherBatch = kVec ? 8 : 4;
 
+// The slice at row + c, or zeros where !ok (an empty entry, or columns past dim).
+template <typename T, bool kVec>
+__device__ __forceinline__ uint4 load_slice(const T* row, int c, int dim, bool ok) {
+  uint4 v;
+  if constexpr (kVec) {
+    // A predicated load into zeroed registers: written in C++ (ok ? load : 0), the compiler
+    // waits for each row before issuing the next.
+    asm("{\n"
+        "  .reg .pred p;\n"
+        "  setp.ne.b32 p, %5, 0;\n"
+        "  mov.b32 %0, 0;\n"
+        "  mov.b32 %1, 0;\n"
+        "  mov.b32 %2, 0;\n"
+        "  mov.b32 %3, 0;\n"
+        "  @p ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        "}\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(row + c), "r"(int(ok)));
+  } else {
+    uint32_t w[4] = {0, 0, 0, 0};  // zero bits read as +0 in every type
+    if (ok) {
+      if constexpr (sizeof(T) == 2) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(row + c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (c + e < dim) w[e / 2] |= uint32_t(h[e]) << (16 * (e % 2));
+      } else {
+        const uint32_t* f = reinterpret_cast<const uint32_t*>(row + c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (c + e < dim) w[e] = f[e];
+      }
+    }
+    v = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  return v;
+}
+
+// acc[e] += g * slice[e], in element order.
 template <typename T>
-__global__ void __launch_bounds__(kBwdThreads) bwd_dq_kernel(const BwdParams p, int row_blocks) {
-  __shared__ int staged_a[kDqStagedPairs][kBwdWarps];
-  __shared__ int64_t staged_o[kDqStagedPairs];
+__device__ __forceinline__ void fma_slice(float (&acc)[kSlice<T>], float g, const uint4& raw) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (std::is_same_v<T, float>) {
+      acc[k] = fmaf(g, __uint_as_float(w[k]), acc[k]);
+    } else {
+      float lo, hi;
+      if constexpr (std::is_same_v<T, __half>) {
+        lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] & 0xffffu)));
+        hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] >> 16)));
+      } else {  // bf16 -> fp32 is exact: the bits move to the top half
+        lo = __uint_as_float(w[k] << 16);
+        hi = __uint_as_float(w[k] & 0xffff0000u);
+      }
+      acc[2 * k] = fmaf(g, lo, acc[2 * k]);
+      acc[2 * k + 1] = fmaf(g, hi, acc[2 * k + 1]);
+    }
+  }
+}
+
+template <typename T> __device__ __forceinline__ uint32_t bits_of(float x) {
+  if constexpr (std::is_same_v<T, float>) return __float_as_uint(x);
+  else if constexpr (std::is_same_v<T, __half>) return __half_as_ushort(__float2half_rn(x));
+  else return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+// Writes a lane's slice of an output row (one 16-byte store when aligned and whole).
+template <typename T>
+__device__ __forceinline__ void store_slice(T* row, int c, int dim, const float (&acc)[kSlice<T>]) {
+  constexpr int n = kSlice<T>;
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (n == 4) w[k] = bits_of<T>(acc[k]);
+    else w[k] = bits_of<T>(acc[2 * k]) | bits_of<T>(acc[2 * k + 1]) << 16;
+  }
+  if (c + n <= dim && reinterpret_cast<uintptr_t>(row + c) % 16 == 0) {
+    *reinterpret_cast<uint4*>(row + c) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < n; ++e)
+    if (c + e < dim) row[c + e] = from_f32<T>(acc[e]);
+}
+
+// One warp per query token row, kBwdWarps consecutive rows of one query per block. The block
+// first stages, for up to kDqStagedPairs pairs, everything a gather needs: each warp's document
+// row (element offset, -1 for none) and gradient (0 for none). A warp's loop is then smem reads,
+// 8 independent 16-byte row loads per lane (16 rows per warp) and FMAs. Half-warp h adds the
+// pairs k with k % 2 == h in order; the two sums are added at the end (a + b == b + a): a fixed
+// order, deterministic.
+constexpr int kDqStagedPairs = 256;
+constexpr int kDqStep = 16;  // staged pairs are padded to whole warp steps (2 * kGatherBatch)
+constexpr int kPairsPerPass = kBwdThreads / kBwdWarps;  // pairs one staging pass of the block covers
+constexpr int kStageBatch = 4;
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams p, int row_blocks) {
+  constexpr int kCols = 16 * kSlice<T>;  // columns per pass
+  constexpr int kBatch = kGatherBatch<kVec>;
+  __shared__ int64_t staged_row[kDqStagedPairs][kBwdWarps];
+  __shared__ float staged_g[kDqStagedPairs][kBwdWarps];  // 0 where the row is -1
   const int i = blockIdx.x / row_blocks;
   const int t_base = (blockIdx.x % row_blocks) * kBwdWarps;
-  const int t = t_base + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const int w = threadIdx.x / 32, t = t_base + w;
+  const int lane = threadIdx.x % 32, half = lane / 16;
   const Segment gq = segment_of(p.q, i);
   const int t_end = min(gq.rows, p.max_lq);
   if (t_base >= t_end) return;  // the whole block is past the query
   const bool active = t < t_end;
   const T* dg = static_cast<const T*>(p.d.data);
   const PairRange r = pairs_of_query(p, i);
+  // Every column pass reuses the staged pairs when they all fit at once.
+  const bool one_round = r.end - r.begin <= kDqStagedPairs;
   T* out = static_cast<T*>(p.dq) + row_elem(p.q, i, gq.first_row, t);
-  for (int cbase = 0; cbase < p.dim; cbase += 512) {  // 512 columns per pass (4 chunks of 128)
-    float acc[4][4] = {};
-    const int chunks = min(4, (p.dim - cbase + 127) / 128);
+  for (int c0 = 0; c0 < p.dim; c0 += kCols) {
+    const int c = c0 + (lane % 16) * kSlice<T>;
+    float acc[kSlice<T>] = {};
     for (int64_t k0 = r.begin; k0 < r.end; k0 += kDqStagedPairs) {
       const int n = static_cast<int>(r.end - k0 < kDqStagedPairs ? r.end - k0 : kDqStagedPairs);
-      __syncthreads();
-      for (int x = threadIdx.x; x < n * kBwdWarps; x += kBwdThreads) {
-        const int kk = x / kBwdWarps, w = x % kBwdWarps;
-        const int64_t o = query_pair_out(p, i, k0 + kk);
-        const int tt = t_base + w;
-        staged_a[kk][w] = tt < t_end ? p.argmax[o * p.max_lq + tt] : -1;
-        if (w == 0) staged_o[kk] = o;
+      if (c0 == 0 || !one_round) {
+        // Padded to whole steps with empty entries, so the gather loop needs no bounds.
+        const int n_pad = (n + kDqStep - 1) / kDqStep * kDqStep;
+        __syncthreads();  // the previous round's entries are consumed
+        // Thread x stages warp x % kBwdWarps's entries of pairs x / kBwdWarps + 32 u: all loads
+        // of a batch are issued before any is used.
+        const int ww = threadIdx.x % kBwdWarps, tt = t_base + ww;
+        for (int kk0 = threadIdx.x / kBwdWarps; kk0 < n_pad; kk0 += kStageBatch * kPairsPerPass) {
+          int a[kStageBatch];
+          float g[kStageBatch];
+          int64_t o[kStageBatch];
+#pragma unroll
+          for (int u = 0; u < kStageBatch; ++u) {
+            const int kk = kk0 + u * kPairsPerPass;
+            a[u] = -1;
+            if (kk < n && tt < t_end) {
+              o[u] = query_pair_out(p, i, k0 + kk);
+              a[u] = p.argmax[o[u] * p.max_lq + tt];
+              g[u] = p.grad[o[u]];
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kStageBatch; ++u) {
+            const int kk = kk0 + u * kPairsPerPass;
+            if (kk >= n_pad) break;
+            int64_t at = -1;
+            if (a[u] >= 0) {
+              const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o[u]));
+              at = row_elem(p.d, j, segment_of(p.d, j).first_row, a[u]);
+            }
+            staged_row[kk][ww] = at;
+            staged_g[kk][ww] = a[u] >= 0 ? g[u] : 0.f;
+          }
+        }
+        __syncthreads();
       }
-      __syncthreads();
       if (!active) continue;
-      for (int kk0 = 0; kk0 < n; kk0 += kBatch) {
-        const T* rows[kBatch];
-        float g[kBatch];
+      for (int kk0 = 0; kk0 < n; kk0 += 2 * kBatch) {
+        uint4 v[kBatch];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          rows[b] = nullptr;
-          g[b] = 0.f;
-          const int kk = kk0 + b;
-          const int a = kk < n ? staged_a[kk][t - t_base] : -1;
-          if (a >= 0) {
-            const int64_t o = staged_o[kk];
-            const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o));
-            rows[b] = dg + row_elem(p.d, j, segment_of(p.d, j).first_row, a);
-            g[b] = p.grad[o];
-          }
+          const int64_t at = staged_row[kk0 + 2 * b + half][w];
+          v[b] = load_slice<T, kVec>(dg + at, c, p.dim, at >= 0 && c < p.dim);
         }
 #pragma unroll
-        for (int ch = 0; ch < 4; ++ch) {
-          if (ch >= chunks) break;
-          const int c = cbase + ch * 128 + lane * 4;
-          float v[kBatch][4];
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b) {
-            if (rows[b] != nullptr) load4(rows[b], c, p.dim, v[b]);
-            else v[b][0] = v[b][1] = v[b][2] = v[b][3] = 0.f;
-          }
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)  // fixed order: deterministic
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[ch][e] = fmaf(g[b], v[b][e], acc[ch][e]);
-        }
+        for (int b = 0; b < kBatch; ++b) fma_slice<T>(acc, staged_g[kk0 + 2 * b + half][w], v[b]);
       }
     }
     if (active) {
 #pragma unroll
-      for (int ch = 0; ch < 4; ++ch) {
-        const int c = cbase + ch * 128 + lane * 4;
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (ch < chunks && c + e < p.dim) out[c + e] = from_f32<T>(acc[ch][e]);
-      }
+      for (int e = 0; e < kSlice<T>; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
+      if (half == 0 && c < p.dim) store_slice<T>(out, c, p.dim, acc);
     }
   }
 }

@@ -1,19 +1,22 @@
 // dD for padded documents, by document row. Two kernels:
-//   1. per document, a stable counting sort of its argmax entries by winning row (one pass to
-//      count, a scan, one pass to place; the placing pass is a single warp walking the entries
-//      in order, so every row's list stays in entry order);
-//   2. a warp per document row gathers its entries' query rows, kDdBatch in flight, and sums
-//      g * q_row in fp32 in list order.
-// Each row is touched by one warp and only by its own entries: no atomics on values, no scans of
-// other rows' entries, and the same order (hence bits) as any other deterministic pass.
+//   1. per document, a stable counting sort of its argmax entries by winning row. The entries
+//      are split into `ranges` contiguous ranges, one per warp; one pass counts per (range, row),
+//      a scan turns the counts into each range's start within each row, and every warp then
+//      places its own range in entry order. So every row's list is in entry order, as one warp
+//      walking all entries would leave it.
+//   2. each half-warp gathers one document row's entries' query rows and sums g * q_row in fp32
+//      in list order.
+// Each row is touched by one half-warp and only by its own entries: no atomics on values, no
+// scans of other rows' entries, and the same order (hence bits) as any other deterministic pass.
 #pragma once
 #include "bwd.cuh"
 
 namespace maxsim {
 
-constexpr int kSortThreads = 256;
-constexpr int kSortChunk = 4096;     // entries staged in shared memory at a time
-constexpr int kSortMaxRows = 8192;   // padded length up to which the row counters fit in smem
+constexpr int kSortThreads = 512;
+constexpr int kSortWarps = kSortThreads / 32;  // at most this many ranges
+constexpr int kSortMaxRows = 8192;             // padded length up to which one range's counters fit
+constexpr int kSortPrefetch = 4;               // entry loads in flight per lane
 
 // Where document j's entries start in dd_sorted (documents laid out one after the other).
 __device__ __forceinline__ int64_t doc_entry_base(const BwdParams& p, int j, const PairRange& pr) {
@@ -24,127 +27,146 @@ __device__ __forceinline__ int64_t doc_entry_base(const BwdParams& p, int j, con
   }
 }
 
-__global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdParams p) {
-  extern __shared__ int cnt[];  // [pad_len]: counts, then cursors
-  __shared__ int staged[kSortChunk];
-  const int j = blockIdx.x, tid = threadIdx.x, lane = tid % 32;
+__global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdParams p, int ranges) {
+  extern __shared__ int cnt[];  // [ranges][pad_len]: counts, then each range's cursors
+  __shared__ int warp_sums[kSortWarps];
+  const int j = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int rows = p.d.pad_len;
   const PairRange pr = pairs_of_doc(p, j);
   const int entries = static_cast<int>((pr.end - pr.begin) * p.max_lq);
+  const int span = max(1, entries / ranges + (entries % ranges != 0));  // entries per range
   const int64_t base = doc_entry_base(p, j, pr);
   const int64_t first_row = int64_t(j) * rows;
-  for (int s = tid; s < rows; s += kSortThreads) cnt[s] = 0;
+  for (int x = tid; x < ranges * rows; x += kSortThreads) cnt[x] = 0;
+  __syncthreads();
 
-  auto stage = [&](int from, int n) {
-    for (int x = tid; x < n; x += kSortThreads) {
-      const int e = from + x;
-      const int kk = e / p.max_lq;
-      const int64_t o = doc_pair_out(p, j, pr.begin + kk);
-      staged[x] = p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
-    }
+  auto entry = [&](int e) -> int {
+    const int kk = e / p.max_lq;
+    const int64_t o = doc_pair_out(p, j, pr.begin + kk);
+    return p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
   };
-  // 1. counts per row
-  for (int from = 0; from < entries; from += kSortChunk) {
-    const int n = min(kSortChunk, entries - from);
-    __syncthreads();
-    stage(from, n);
-    __syncthreads();
-    for (int x = tid; x < n; x += kSortThreads)
-      if (staged[x] >= 0) atomicAdd(&cnt[staged[x]], 1);  // integer counts: order-free
+  // 1. counts per (range, row); integer counts are order-free
+  for (int e0 = 0; e0 < entries; e0 += kSortPrefetch * kSortThreads) {
+    int a[kSortPrefetch];
+#pragma unroll
+    for (int u = 0; u < kSortPrefetch; ++u) {
+      const int e = e0 + u * kSortThreads + tid;
+      a[u] = e < entries ? entry(e) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kSortPrefetch; ++u)
+      if (a[u] >= 0) atomicAdd(&cnt[(e0 + u * kSortThreads + tid) / span * rows + a[u]], 1);
   }
   __syncthreads();
-  // 2. exclusive scan (warp 0, 32 rows at a time); counts and starts go out, cursors stay
-  if (tid < 32) {
-    int carry = 0;
-    for (int s0 = 0; s0 < rows; s0 += 32) {
-      const int s = s0 + lane;
-      const int c = s < rows ? cnt[s] : 0;
-      int incl = c;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += v;
-      }
-      if (s < rows) {
-        cnt[s] = carry + incl - c;
-        p.dd_start[first_row + s] = static_cast<int>(base) + carry + incl - c;
-        p.dd_count[first_row + s] = c;
-      }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
+  // 2. scan in (row, range) order. Each thread takes a contiguous piece of rows: a local
+  // exclusive scan, then the pieces' sums are scanned across the block.
+  const int per = (rows + kSortThreads - 1) / kSortThreads;
+  const int s0 = min(rows, tid * per), s1 = min(rows, s0 + per);
+  int sum = 0;
+  for (int s = s0; s < s1; ++s)
+    for (int r = 0; r < ranges; ++r) {
+      const int c = cnt[r * rows + s];
+      cnt[r * rows + s] = sum;
+      sum += c;
     }
+  int incl = sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
   }
-  // 3. placement in entry order by warp 0; equal rows within a step ranked by lane
-  for (int from = 0; from < entries; from += kSortChunk) {
-    const int n = min(kSortChunk, entries - from);
-    __syncthreads();
-    stage(from, n);
-    __syncthreads();
-    if (tid >= 32) continue;
-    for (int x0 = 0; x0 < n; x0 += 32) {
-      const int x = x0 + lane;
-      const int a = x < n ? staged[x] : -1;
-      const unsigned peers = __match_any_sync(0xffffffffu, a >= 0 ? a : -1 - lane);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  int offset = incl - sum;
+  for (int w = 0; w < warp; ++w) offset += warp_sums[w];
+  for (int s = s0; s < s1; ++s) {
+    const int start = cnt[s] + offset;  // range 0 comes first in the row
+    const int next = s + 1 < s1 ? cnt[s + 1] + offset : sum + offset;  // row s + 1 not yet shifted
+    for (int r = 0; r < ranges; ++r) cnt[r * rows + s] += offset;
+    p.dd_start[first_row + s] = static_cast<int>(base) + start;
+    p.dd_count[first_row + s] = next - start;
+  }
+  __syncthreads();
+  // 3. placement: warp w walks range w in entry order; equal rows within a step ranked by lane
+  if (warp >= ranges) return;
+  int* cursor = cnt + warp * rows;
+  const int e_end = static_cast<int>(min(int64_t(entries), int64_t(warp + 1) * span));
+  for (int e0 = warp * span; e0 < e_end; e0 += 32 * kSortPrefetch) {
+    int a[kSortPrefetch];
+#pragma unroll
+    for (int u = 0; u < kSortPrefetch; ++u) {
+      const int e = e0 + u * 32 + lane;
+      a[u] = e < e_end ? entry(e) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kSortPrefetch; ++u) {
+      const unsigned peers = __match_any_sync(0xffffffffu, a[u] >= 0 ? a[u] : -1 - lane);
       const int rank = __popc(peers & ((1u << lane) - 1));
-      int pos = 0;
-      if (a >= 0) pos = cnt[a] + rank;
+      const int pos = a[u] >= 0 ? cursor[a[u]] + rank : 0;
       __syncwarp();
-      if (a >= 0) {
-        p.dd_sorted[base + pos] = from + x;
-        if (rank == 0) cnt[a] = pos + __popc(peers);
+      if (a[u] >= 0) {
+        p.dd_sorted[base + pos] = e0 + u * 32 + lane;
+        if (rank == 0) cursor[a[u]] = pos + __popc(peers);
       }
       __syncwarp();
     }
   }
 }
 
-// Four resident blocks (16 warps) per SM: the gathers need many warps in flight.
-template <typename T>
-__global__ void __launch_bounds__(kBwdThreads, 4) bwd_dd_rows_kernel(const BwdParams p) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kBwdWarps + threadIdx.x / 32;
-  if (row >= p.d.rows) return;
-  const int j = static_cast<int>(row / p.d.pad_len);
-  const PairRange pr = pairs_of_doc(p, j);
-  const int start = p.dd_start[row], count = p.dd_count[row];
+// Two document rows per warp, one per half-warp (lanes over 16-byte column slices, as in dQ); the
+// warp loops to the longer row's count so that it stays converged. Each half-warp decodes 16 of
+// its row's entries at a time, a lane each, into shared memory (query row offset and gradient),
+// then gathers 8 rows per step. Eight resident blocks (32 warps) per SM: the gathers need many in
+// flight.
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kBwdThreads, 8) bwd_dd_rows_kernel(const BwdParams p) {
+  constexpr int kCols = 16 * kSlice<T>;
+  constexpr int kBatch = kGatherBatch<kVec>;
+  __shared__ int64_t ent_at[kBwdWarps][32];  // [warp][half * 16 + entry]: -1 for none
+  __shared__ float ent_g[kBwdWarps][32];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane / 16, hl = lane % 16;
+  const int64_t row0 = (int64_t(blockIdx.x) * kBwdWarps + w) * 2;
+  if (row0 >= p.d.rows) return;  // both of the warp's rows are past the end
+  const int64_t row = row0 + half;
+  const bool has_row = row < p.d.rows;
+  const int j = has_row ? static_cast<int>(row / p.d.pad_len) : 0;
+  const int start = has_row ? p.dd_start[row] : 0;
+  const int count = has_row ? p.dd_count[row] : 0;
+  const int warp_count = max(count, __shfl_xor_sync(0xffffffffu, count, 16));
   const T* qg = static_cast<const T*>(p.q.data);
-  T* out = static_cast<T*>(p.dd) + row * p.dim;
-  for (int c0 = 0; c0 < p.dim; c0 += 128) {  // lanes own 4 of every 128 columns
-    const int c = c0 + lane * 4;
-    float acc[4] = {};
-    for (int h0 = 0; h0 < count; h0 += 32) {
-      const T* my_src = nullptr;
-      float my_g = 0.f;
-      if (h0 + lane < count) {
-        const int e = p.dd_sorted[start + h0 + lane];
+  const int64_t* my_at = ent_at[w] + half * 16;
+  const float* my_g = ent_g[w] + half * 16;
+  for (int c0 = 0; c0 < p.dim; c0 += kCols) {
+    const int c = c0 + hl * kSlice<T>;
+    float acc[kSlice<T>] = {};
+    for (int h0 = 0; h0 < warp_count; h0 += 16) {
+      int64_t at = -1;
+      float g = 0.f;
+      if (h0 + hl < count) {
+        const int e = p.dd_sorted[start + h0 + hl];
         const int kk = e / p.max_lq;
-        const int64_t o = doc_pair_out(p, j, pr.begin + kk);
+        const int64_t o = doc_pair_out(p, j, pairs_of_doc(p, j).begin + kk);
         const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
-        my_src = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
-        my_g = p.grad[o];
+        at = row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
+        g = p.grad[o];
       }
-      const int n = min(32, count - h0);
-      for (int b0 = 0; b0 < n; b0 += kDdBatch) {
-        const T* src[kDdBatch];
-        float g[kDdBatch];
-        float v[kDdBatch][4];
+      __syncwarp();  // the previous entries are consumed
+      ent_at[w][lane] = at;
+      ent_g[w][lane] = g;
+      __syncwarp();
+      const int n = min(16, warp_count - h0);
+      for (int b0 = 0; b0 < n; b0 += kBatch) {
+        uint4 v[kBatch];
 #pragma unroll
-        for (int b = 0; b < kDdBatch; ++b) {
-          g[b] = __shfl_sync(0xffffffffu, my_g, (b0 + b) & 31);
-          src[b] = reinterpret_cast<const T*>(
-              __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_src), (b0 + b) & 31));
-          if (b0 + b >= n) src[b] = nullptr;
-          if (src[b] != nullptr) load4(src[b], c, p.dim, v[b]);
+        for (int b = 0; b < kBatch; ++b) {
+          const int64_t a = my_at[b0 + b];
+          v[b] = load_slice<T, kVec>(qg + a, c, p.dim, a >= 0 && c < p.dim);
         }
 #pragma unroll
-        for (int b = 0; b < kDdBatch; ++b)  // list order: deterministic
-          if (src[b] != nullptr)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[e] = fmaf(g[b], v[b][e], acc[e]);
+        for (int b = 0; b < kBatch; ++b) fma_slice<T>(acc, my_g[b0 + b], v[b]);  // list order
       }
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (c + e < p.dim) out[c + e] = from_f32<T>(acc[e]);
+    if (has_row && c < p.dim) store_slice<T>(static_cast<T*>(p.dd) + row * p.dim, c, p.dim, acc);
   }
 }
 
