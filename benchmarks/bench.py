@@ -32,13 +32,13 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from impls import REPO, Maxsim, MaxsimAutograd, Naive  # noqa: E402
+from impls import REPO, Maxsim, MaxsimAutograd, MaxsimGraph, Naive  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, describe, setup  # noqa: E402
 
 SCHEMA = 1
-IMPL_ORDER = ["maxsim", "maxsim-autograd", "naive", "flash-maxsim", "flash-maxsim-fused",
-              "late-interaction-kernels"]
+IMPL_ORDER = ["maxsim", "maxsim-autograd", "maxsim-graph", "naive", "flash-maxsim",
+              "flash-maxsim-fused", "late-interaction-kernels"]
 DTYPE_ORDER = ["fp16", "bf16", "fp32"]
 
 
@@ -245,7 +245,7 @@ def run_row(case, impl, ref, floor, device, args, state):
             fns[i % len(fns)]()
         sync(device)
         out, peak = memory_call(fns[0], device)
-        row["peak_mb"] = peak
+        row["peak_mb"] = peak if impl.counts_memory else None
         err, top, cnote = case.kind.check(out, ref)
         out = None
         row["rel_err"], row["top10_agree"] = err, top
@@ -402,7 +402,7 @@ def main(argv=None):
         device = torch.device("cuda")
         props = torch.cuda.get_device_properties(device)
         gpu, l2 = props.name, getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
-        impls = [Maxsim(), MaxsimAutograd(), Naive()] + [P() for P in PEERS]
+        impls = [Maxsim(), MaxsimAutograd(), MaxsimGraph(), Naive()] + [P() for P in PEERS]
     if impl_filter:
         impls = [i for i in impls if i.name in impl_filter]
     usable = []

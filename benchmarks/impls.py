@@ -23,6 +23,7 @@ class Impl:
     peer = False
     kinds: tuple = ("rerank", "allpairs", "varlen", "train")
     module = ""  # the package this implementation imports, on first use ("" for none)
+    counts_memory = True  # False where the call's memory is held outside the caching allocator
 
     def _import(self):
         return importlib.import_module(self.module)
@@ -137,3 +138,38 @@ class MaxsimAutograd(Maxsim):
         return lambda: train_step(
             lambda: M.maxsim(Q, D, d_lengths=meta["d_len"], backend=self.backend), Q, D,
             meta["targets"])
+
+
+class MaxsimGraph(Maxsim):
+    """The fused training step captured once per input set in a CUDA graph and replayed: what a
+    training loop under CUDA graphs pays, the host's launch work gone. The graph's memory pool is
+    allocated at capture, so a replay's memory is not counted (the ``maxsim`` row has it)."""
+
+    name = "maxsim-graph"
+    kinds = ("train",)
+    counts_memory = False
+
+    def note(self, case):
+        return "replays a captured CUDA graph"
+
+    def bind(self, case, s):
+        if case.kind.name != "train" or not on_cuda(case):
+            raise Unsupported("training rows on CUDA only")
+        import torch
+
+        step = super().bind(case, s)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+
+        def replay():
+            graph.replay()
+            return out
+        return replay
+

@@ -356,7 +356,9 @@ def render(results, docs_dir: Path, readme_dir: Path) -> tuple[str, dict[Path, b
         "measured copy bandwidth and matmul rate (percent of that roofline in brackets); peak MB "
         "is memory allocated above the inputs during one call; rel err is against a float64 "
         "reference. maxsim's training rows run `contrastive_step` (loss and gradients from one "
-        "op); `maxsim-autograd` is the same step as `maxsim()` + `F.cross_entropy` + autograd. "
+        "op); `maxsim-autograd` is the same step as `maxsim()` + `F.cross_entropy` + autograd; "
+        "`maxsim-graph` replays the `contrastive_step` captured in a CUDA graph (no host launch "
+        "work; its memory sits in the graph's pool, so no peak MB). "
         "Method and columns: `bench_results/README.md`._",
         "",
     ]

@@ -278,18 +278,18 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     }
     cp_async_commit();  // empty groups keep the wait counts uniform
   };
-  if (kWg && p.d_tma) {
-    if (tid == 0) {
-      for (int s = 0; s < STAGES; ++s) mbar_init(full + s, 1);
-      mbar_init_fence();
-    }
-    __syncthreads();
+  if (kWg && p.d_tma && tid == 0) {
+    for (int s = 0; s < STAGES; ++s) mbar_init(full + s, 1);
+    mbar_init_fence();
   }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     stage_mask();
     issue(s);
   }
+  // A TMA step reads its mask before its barrier: the prologue's mask stores (and the barriers'
+  // initialisation) must be visible to every thread before the first step.
+  if (kWg && p.d_tma) __syncthreads();
 
   // ---- consumer state
   float best_v[MT][2];
