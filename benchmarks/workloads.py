@@ -520,6 +520,9 @@ def _registry() -> list[Workload]:
                  dict(Nq=4, Nd=5, Lq=8, Ld=24), about="all-pairs, ColPali shapes"))
     add(Workload("train_small", "train", dict(Nq=32, Nb=32, Lq=32, Ld=80),
                  dict(Nq=3, Nb=3, Lq=4, Ld=9), about="contrastive step"))
+    # Every document full length: the one case flash-maxsim's fused step takes.
+    add(Workload("train_small_full", "train", dict(Nq=32, Nb=32, Lq=32, Ld=80, Ld_min=80),
+                 dict(Nq=3, Nb=3, Lq=4, Ld=9, Ld_min=9), about="contrastive step, full documents"))
     add(Workload("train_medium", "train", dict(Nq=64, Nb=64, Lq=32, Ld=128),
                  dict(Nq=4, Nb=4, Lq=4, Ld=12), about="contrastive step"))
     add(Workload("train_colpali", "train", dict(Nq=128, Nb=128, Lq=128, Ld=1024),
