@@ -176,19 +176,20 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   }
   const int items = std::max(1, num_items(p));
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
-    // Streaming short queries (memory-bound): at least ~8 waves of small blocks, so that the
-    // last wave's tail is short. Padded documents too few for that are cut into column slices
-    // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only).
+    // Streaming short queries (memory-bound): blocks of one document each where there are
+    // enough (a new block's loads overlap the epilogue of the one it follows), several per block
+    // past ~8 waves. Padded documents that fill fewer than two waves are cut into column slices
+    // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only); with
+    // more pairs than that, the merge and the shorter slices cost more than the tail they save.
     const int bn = 64;  // kSmall and kMedium stream 64-token tiles
-    const int per_sm = resident(plan.tile, p, dtype);
-    const int64_t want = int64_t(dev.num_sms) * per_sm * 8;
+    const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
     const int64_t units = int64_t(plan.grid.q_tiles) * items;
-    if (units < want && p.d.offsets == nullptr) {
+    if (units < 2 * slots && p.d.offsets == nullptr) {
       const int max_splits = std::min(16, (p.d.pad_len + bn - 1) / bn / 2);
-      plan.grid.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_splits, (want + units - 1) / units)));
+      plan.grid.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_splits, (2 * slots + units - 1) / units)));
     }
     plan.grid.docs_per_block =
-        plan.grid.splits > 1 ? 1 : static_cast<int>(std::max<int64_t>(1, units / want));
+        plan.grid.splits > 1 ? 1 : static_cast<int>(std::max<int64_t>(1, units / (8 * slots)));
     const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
     plan.blocks = static_cast<int>(n_chunks * plan.grid.splits * plan.grid.q_tiles);
     return plan;
