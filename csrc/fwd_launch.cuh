@@ -21,19 +21,22 @@ namespace fwd_detail {
 //          Hopper's wgmma (sm_90a builds; the same template runs mma.sync elsewhere), for
 //          D = 64 / 128 and enough document tiles to fill its 4-stage pipeline; one block per
 //          SM (two accumulator sets per thread). 1.5x kLarge's speed on the H100.
+//  kStream 32 x 128, 8 warps: kSmall's work on 16-bit documents with D a multiple of 64, in
+//          swizzled (unpadded) stages, so that two blocks per SM keep four 32 KB tiles in flight.
 
 template <Tile> struct TileShape;
 template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 3; };
 template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
 template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 2; };
 template <> struct TileShape<Tile::kWide> { static constexpr int BM = 128, BN = 128, WM = 8, WN = 1, STAGES = 4; };
+template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN = 128, WM = 1, WN = 8, STAGES = 3; };
 
 using Plan = FwdPlan;
 
 // Which tiles a document storage is built for: the wgmma tile (kWide) takes 16-bit documents
 // only (the planner never picks it for codes), so no 8-bit instance of it is compiled.
 template <Tile kTile, typename DT>
-constexpr bool kTileTakes = kTile != Tile::kWide || !kIsCodes<DT>;
+constexpr bool kTileTakes = (kTile != Tile::kWide && kTile != Tile::kStream) || !kIsCodes<DT>;
 
 // 8-bit tiles take half the shared memory: three stages for every shape, which leaves room for
 // more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the 8-warp one.
@@ -101,6 +104,7 @@ void with_tile(Tile tile, F&& f) {
     case Tile::kMedium: f(std::integral_constant<Tile, Tile::kMedium>{}); break;
     case Tile::kLarge: f(std::integral_constant<Tile, Tile::kLarge>{}); break;
     case Tile::kWide: f(std::integral_constant<Tile, Tile::kWide>{}); break;
+    case Tile::kStream: f(std::integral_constant<Tile, Tile::kStream>{}); break;
     default: break;
   }
 }

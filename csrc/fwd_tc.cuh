@@ -45,11 +45,16 @@ struct FwdTC {
   // Two warpgroups over 64 rows each and every column: on sm_90a the tile runs on wgmma, its
   // shared-memory tiles stored with the 128-byte swizzle (mma.cuh) instead of padded rows.
   static constexpr bool kWide = WM == 8 && WN == 1 && !kCodes;
+  // The 8-warp streaming tile stores 16-bit rows unpadded, their 16-byte chunks XOR-swizzled by
+  // row % 8 within each 128-byte group (conflict-free copies and ldmatrix), where D fills whole
+  // groups; the shared memory saved fits a second block per SM.
+  static constexpr bool kSwizzle = WM == 1 && WN == 8 && !kCodes;
+  __host__ __device__ static bool swizzled(int dim) { return kSwizzle && kdim(dim) % 64 == 0; }
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
   __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
   // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
-  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide ? 0 : 8); }
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || swizzled(dim) ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
   __host__ __device__ static int ldd(int dim) {
     if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
@@ -109,6 +114,9 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows (kWg): K-major in
   // 64-dim atoms, each row's eight 16-byte chunks XOR-swizzled by row % 8 (the 128-byte swizzle).
   auto swz = [](int r, int c, int rows) { return (c / 8) * rows * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8; };
+  // Element offset of 16-byte chunk c within row r of a padded or swizzled (Cfg::swizzled) tile.
+  const bool swizzle = Cfg::swizzled(dim);
+  auto chunk_at = [swizzle](int r, int c) { return (swizzle ? c ^ (r % 8) : c) * 8; };
 
   // ---- what this block owns
   const int splits = Cfg::kSliced ? grid.splits : 1;
@@ -185,7 +193,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         for (int j = 0; j < 4; ++j)
           *reinterpret_cast<uint32_t*>(q_s + r * lds + base + (j / 2) * 16 + (j % 2) * 8) = w[j];
       } else {
-        *reinterpret_cast<uint4*>(q_s + r * lds + k * 8) = v;
+        *reinterpret_cast<uint4*>(q_s + r * lds + chunk_at(r, k)) = v;
       }
     }
   };
@@ -262,7 +270,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           src += step;
         }
       } else if (copies) {
-        DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
+        // A thread's rows are row_step apart, a multiple of 8 wherever the tile is swizzled, so
+        // its chunk's place in every row is the same.
+        DElem* dst = d_s + stage * BN * ldd +
+                     (kCodes ? my_chunk * Cfg::kChunkElems : chunk_at(tid / chunks_p2, my_chunk));
         const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
         const bool col_in = my_chunk * Cfg::kChunkElems < dim;
         for (int r = tid / chunks_p2; r < BN; r += row_step) {
@@ -575,8 +586,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-      const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
       if constexpr (kCodes) {
+        const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
         // Lane (g = lane / 4, c = lane % 4) loads 8 codes of its column g: dims 8c .. 8c+7 of each
         // 32-dim step. An mma reads B elements (k = 2c, 2c+1, 2c+8, 2c+9): codes 0,1,2,3 feed the
         // first k16 step and 4,5,6,7 the second; q_s holds the query dims in the matching order.
@@ -612,16 +623,17 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           }
         }
       } else {
-        const T* b_base = d_s + stage * BN * ldd +
-                          (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * ldd +
-                          ((lane / 8) % 2) * 8;
+        // Every row a lane addresses is lane % 8 modulo 8 (tiles of 16 rows, groups of 8).
+        const T* a_row = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds;
+        const T* b_row = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * ldd;
 #pragma unroll
         for (int k0 = 0; k0 < kdim; k0 += 16) {
           uint32_t a[MT][4], b[NT / 2][4];
+          const int a_col = chunk_at(lane, k0 / 8 + lane / 16), b_col = chunk_at(lane, k0 / 8 + (lane / 8) % 2);
 #pragma unroll
-          for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0);
+          for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_row + mi * 16 * lds + a_col);
 #pragma unroll
-          for (int nj = 0; nj < NT / 2; ++nj) ldmatrix_x4(b[nj], b_base + nj * 16 * ldd + k0);
+          for (int nj = 0; nj < NT / 2; ++nj) ldmatrix_x4(b[nj], b_row + nj * 16 * ldd + b_col);
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi)
 #pragma unroll

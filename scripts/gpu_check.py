@@ -180,7 +180,8 @@ def run_checks(ops):
         for layout in (ALL, GROUPED, PAIRS):
             for (D, Lq, Ld) in ((128, 32, 180), (64, 17, 65), (128, 128, 300), (24, 31, 33),
                                 (100, 5, 40), (256, 40, 129), (128, 300, 70), (8, 1, 1),
-                                (520, 5, 20), (128, 32, 1030), (64, 40, 600)):
+                                (520, 5, 20), (128, 32, 1030), (64, 40, 600), (64, 20, 700),
+                                (128, 1, 513)):
                 for packed in ((False, False), (True, True), (False, True)):
                     cases.append((layout, dtype, D, Lq, Ld, packed))
     for (layout, dtype, D, Lq, Ld, (pq_, pd_)) in cases:
