@@ -155,6 +155,26 @@ def masked_argmax_is_a_maximum(sim, valid, argmax, tol):
     assert torch.all((argmax >= 0) & (best - at <= tol * best.abs().clamp_min(1)))
 
 
+@pytest.mark.parametrize("ld", [256, 1030])
+@pytest.mark.parametrize("h", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_streaming_tiles(dtype, h, ld):
+    """Reranking shapes (short queries, each against its own padded candidates): the 4-warp
+    64-column tile below 512 document tokens, the 8-warp swizzled 128-column one from 512 on.
+    Grid values make every score exact and ties frequent (the lowest index must win); prefix
+    lengths (0 included) and mask holes cut the documents."""
+    Q = values((6, 32, h), dtype, DEVICE, "grid")
+    D = values((6, 5, ld, h), dtype, DEVICE, "grid")
+    lengths = torch.randint(0, ld + 1, (6, 5), device=DEVICE)
+    lengths[0, 0] = 0
+    d_mask = random_mask((6, 5, ld), DEVICE, keep=0.8)
+    got = maxsim.maxsim_with_argmax(Q, D, d_mask=d_mask, d_lengths=lengths, backend="cuda")
+    want = reference_fwd(
+        Q, D.flatten(0, 1), d_lengths=lengths.flatten(), d_mask=d_mask.flatten(0, 1),
+        layout=GROUPED, group=5,
+    )
+    assert_exact(*got, *want)
+
 @pytest.mark.parametrize("h", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_compute_bound_tiles(dtype, h):
