@@ -143,6 +143,33 @@ def time_calls(fns, device, *, min_reps=30, max_reps=300, target_s=0.4, warmup=3
     return ms
 
 
+def kernel_time(fns, device, reps=10):
+    """``(ms, launches, kernels)``: the summed device time of the kernels one call launches
+    (torch.profiler, ``reps`` calls rotating over ``fns``), the kernels per call, and
+    ``{name: (launches, ms)}`` per call. Host work is not in it, so it does not move with the
+    host's speed the way a back-to-back timing does. ``(None, None, {})`` off CUDA."""
+    if device.type != "cuda":
+        return None, None, {}
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for r in range(reps):
+            fns[r % len(fns)]()
+        sync(device)
+    names = {}
+    total_us = launches = 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        n, t = names.get(e.name[:70], (0, 0.0))
+        names[e.name[:70]] = (n + 1 / reps, t + us / 1e3 / reps)
+        total_us += us
+        launches += 1
+    return total_us / 1e3 / reps, launches / reps, names
+
+
 def percentile(xs, q):
     xs = sorted(xs)
     i = (len(xs) - 1) * q / 100.0
@@ -213,8 +240,8 @@ def is_oom(e: BaseException) -> bool:
 
 def row_skeleton_for(workload, dtype, impl, floor=None):
     return {"workload": workload, "dtype": dtype, "impl": impl, "status": "ok", "ms_p20": None,
-            "ms_p50": None, "ms_p80": None, "floor_ms": floor, "peak_mb": None, "rel_err": None,
-            "top10_agree": None, "note": ""}
+            "ms_p50": None, "ms_p80": None, "floor_ms": floor, "kernel_ms": None,
+            "launches": None, "peak_mb": None, "rel_err": None, "top10_agree": None, "note": ""}
 
 
 def row_skeleton(case, impl, floor):
@@ -254,6 +281,8 @@ def run_row(case, impl, ref, floor, device, args, state):
             row["status"] = "error"
         ms = time_calls(fns, device, min_reps=args.min_reps, target_s=args.target_s)
         row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50), ms_p80=percentile(ms, 80))
+        if args.kernel_time:
+            row["kernel_ms"], row["launches"], _ = kernel_time(fns, device)
         notes.append(f"{len(ms)} reps, {len(fns)} input sets")
     except Exception as e:  # noqa: BLE001 - every failure is recorded in the row
         out = None
@@ -352,6 +381,8 @@ def parse_args(argv=None):
     ap.add_argument("--min-reps", type=int, default=None, help="timed calls per row (>= 30)")
     ap.add_argument("--target-s", type=float, default=None,
                     help="seconds of timed work per row before the rep cap")
+    ap.add_argument("--no-kernel-time", dest="kernel_time", action="store_false",
+                    help="leave out the profiler pass that records each row's kernel time")
     ap.add_argument("--list", action="store_true", help="list the workloads and exit")
     return ap.parse_args(argv)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import percentile, time_calls  # noqa: E402
+from bench import kernel_time, percentile, time_calls  # noqa: E402
 from impls import Maxsim, MaxsimAutograd, Naive  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, setup  # noqa: E402
@@ -41,25 +41,11 @@ def host_us(fns, reps=60):
 
 
 def gpu_us(fns, reps=20):
-    """(kernel microseconds per call, kernels per call) from the profiler's device events."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """(kernel microseconds per call, kernels per call, {name: (calls, us)}) after a warm-up."""
     for f in fns[:3]:
         f()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for r in range(reps):
-            fns[r % len(fns)]()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-                for e in kernels)
-    names = {}  # kernel name -> (calls, microseconds) per call of fn
-    for e in kernels:
-        t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        n, us = names.get(e.name[:70], (0, 0.0))
-        names[e.name[:70]] = (n + 1 / reps, us + t / reps)
-    return total / reps, len(kernels) / reps, names
+    ms, launches, names = kernel_time(fns, torch.device("cuda"), reps)
+    return ms * 1e3, launches, {k: (n, t * 1e3) for k, (n, t) in names.items()}
 
 
 def main(argv=None):

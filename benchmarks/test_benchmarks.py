@@ -13,16 +13,18 @@ import bench  # noqa: E402
 import render  # noqa: E402
 
 REQUIRED_ROW_KEYS = {"workload", "dtype", "impl", "status", "ms_p20", "ms_p50", "ms_p80",
-                     "floor_ms", "peak_mb", "rel_err", "top10_agree", "note"}
+                     "kernel_ms", "launches", "floor_ms", "peak_mb", "rel_err", "top10_agree",
+                     "note"}
 REQUIRED_TOP_KEYS = {"schema", "commit", "dirty", "gpu", "torch", "cuda", "triton", "ceilings",
                      "rows"}
 
 
-def _row(wl, dt, impl, ms, *, status="ok", floor=0.01, peak=1.5, err=1e-4, top=1.0):
+def _row(wl, dt, impl, ms, *, status="ok", floor=0.01, peak=1.5, err=1e-4, top=1.0, kernel=None):
     ok = status == "ok"
     return {"workload": wl, "dtype": dt, "impl": impl, "status": status,
             "ms_p20": ms * 0.98 if ok else None, "ms_p50": ms if ok else None,
-            "ms_p80": ms * 1.03 if ok else None, "floor_ms": floor,
+            "ms_p80": ms * 1.03 if ok else None, "floor_ms": floor, "kernel_ms": kernel,
+            "launches": 1.0 if kernel else None,
             "peak_mb": peak if ok else None, "rel_err": err if ok else None,
             "top10_agree": top if ok else None, "note": ""}
 
@@ -30,9 +32,11 @@ def _row(wl, dt, impl, ms, *, status="ok", floor=0.01, peak=1.5, err=1e-4, top=1
 def fake_results() -> dict:
     rows = []
     for dt in ("fp16", "bf16"):
-        rows += [_row("rerank", dt, "maxsim", 0.05), _row("rerank", dt, "naive", 0.9),
-                 _row("rerank", dt, "flash-maxsim", 0.08),
-                 _row("rerank", dt, "late-interaction-kernels", 0.07),
+        k = dt == "fp16"  # bf16 rows as written before kernel times were recorded
+        rows += [_row("rerank", dt, "maxsim", 0.05, kernel=0.03 if k else None),
+                 _row("rerank", dt, "naive", 0.9),
+                 _row("rerank", dt, "flash-maxsim", 0.08, kernel=0.02 if k else None),
+                 _row("rerank", dt, "late-interaction-kernels", 0.07, kernel=0.04 if k else None),
                  _row("corpus", dt, "maxsim", 4.0), _row("corpus", dt, "naive", 0, status="oom"),
                  _row("corpus", dt, "flash-maxsim", 0, status="error")]
     rows += [_row("train_small", "bf16", "maxsim", 0.2, top=None),
@@ -79,6 +83,10 @@ def test_render_is_idempotent(tmp_path):
     assert "old" not in out
     line = "| rerank | B32 K50 Lq32 Ld180 | fp16 | 0.0500 | 18.0× | 1.40× late-interaction-kernels"
     assert line in out
+    # kernel ms, its floor multiple, the best peer's kernel time over ours (here a slower kernel)
+    assert "| 0.0300 | 3.00× | 0.67× flash-maxsim |" in out
+    assert "| bf16 | 0.0500 |" in out and "| – | – | – |" in out
+    assert "0.0500 / 1.50 MB · k 0.0300" in out
     assert "naive oom" in out
     assert (tmp_path / "docs" / "bench-h100-rerank-ld.png").exists()
     assert (tmp_path / "docs" / "bench-h100-train-mem.png").exists()
