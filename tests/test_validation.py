@@ -329,3 +329,50 @@ def test_masks_come_out_contiguous_bool():
     out = validation.mask("q_mask", strided, (2, 3), torch.device("cpu"))
     assert out.dtype == torch.bool and out.is_contiguous() and torch.equal(out, strided)
     torch.testing.assert_close(maxsim.maxsim(Q, D, q_mask=strided), maxsim.maxsim(Q, D, q_mask=out))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        lambda: (t(2, 3, H, dtype=torch.float16), t(4, 5, H, dtype=torch.float16), {}),
+        lambda: (t(2, 3, H), t(2, 6, 5, H),
+                 {"d_lengths": torch.randint(0, 6, (2, 6), dtype=torch.int32)}),
+        lambda: (t(2, 3, H, dtype=torch.bfloat16), t(4, 5, H, dtype=torch.bfloat16),
+                 {"d_lengths": torch.tensor([0, 5, 2, 1], dtype=torch.int32)}),
+        lambda: (t(1, 1, H), t(1, 1, 1, H), {}),
+    ],
+)
+def test_plain_calls_skip_the_layered_checks_with_the_same_token_sets(args):
+    """The short path of plain padded calls hands the op what the fully checked path does."""
+    from maxsim import native
+
+    Q, D, kw = args()
+    fast = native._plain_sets(Q, D, None, None, False, None, kw.get("d_lengths"))
+    assert fast is not None
+    full_mask = torch.ones(D.shape[:-1], dtype=torch.bool)  # a mask forces the checked path
+    layered = native.padded_sets(Q, D, None, full_mask, False, d_lengths=kw.get("d_lengths"))
+    for a, b in zip(fast[0], layered[0], strict=True):  # queries: identical
+        assert a is b or torch.equal(a, b)
+    assert torch.equal(fast[1].x, layered[1].x) and fast[2:] == layered[2:]
+    assert (fast[1].lengths is None) == (layered[1].lengths is None)
+    if fast[1].lengths is not None:
+        assert torch.equal(fast[1].lengths, layered[1].lengths)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"d_lengths": torch.tensor([1, 2, 3, 4])},  # int64: converted by the full path
+        {"d_mask": torch.ones(4, 5, dtype=torch.bool)},
+        {"normalize": True},
+        {"q_lengths": torch.tensor([1, 2], dtype=torch.int32)},
+    ],
+)
+def test_calls_with_more_than_the_plain_arguments_take_the_checked_path(kw):
+    from maxsim import native
+
+    q_mask, d_mask = kw.get("q_mask"), kw.get("d_mask")
+    assert native._plain_sets(Q, D, q_mask, d_mask, kw.get("normalize", False),
+                              kw.get("q_lengths"), kw.get("d_lengths")) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert native._plain_sets(Q, D, None, None, False, None, None) is None
