@@ -138,6 +138,28 @@ int resident(Tile tile, const FwdParams& p, DType dtype) {
   }
 }
 
+size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
+  switch (p.codes) {
+    case Codes::kInt8: return storage_smem<Int8Codes>(tile, p, dtype);
+    case Codes::kE4m3: return storage_smem<E4m3Codes>(tile, p, dtype);
+    default: return storage_smem<Plain>(tile, p, dtype);
+  }
+}
+
+// The tile that fits the device's shared memory per block: the 128-row tile takes 108 KB at
+// D = 128, more than sm_86 / sm_89 give a block (99 KB), so there a tile steps down to the next
+// smaller one, and past the smallest to the CUDA-core kernel.
+Tile fitting_tile(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  while (tile != Tile::kSimt && tile_smem(tile, p, dtype) > size_t(dev.max_smem)) {
+    switch (tile) {
+      case Tile::kLarge: tile = Tile::kMedium; break;
+      case Tile::kMedium: tile = Tile::kSmall; break;
+      default: tile = Tile::kSimt; break;
+    }
+  }
+  return tile;
+}
+
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
   // Codes need 16-dim rows (one 16-byte copy); the binding only sends them where this holds.
@@ -158,6 +180,9 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   } else {
     plan.tile = Tile::kSmall;
   }
+  plan.tile = fitting_tile(plan.tile, p, dtype, dev);
+  if (plan.tile == Tile::kSimt) return Plan{};
+  if (plan.tile != Tile::kLarge) plan.grid.qpb = 1;  // several queries per tile: 128 rows only
   const int bm = tile_rows(plan.tile);
   plan.grid.m_tiles = plan.grid.qpb > 1 ? 1 : (lq + bm - 1) / bm;
   switch (p.pairs.layout) {
@@ -171,15 +196,18 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // (at most two: four stages fit), a query tile that stays (all-pairs and grouped layouts), and
   // enough document tiles for its deep pipeline (>= ~32 per SM; one block per SM resides).
   if (plan.tile == Tile::kLarge && dev.sm == 90 && p.codes == Codes::kNone &&
-      (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs) {
+      (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs &&
+      tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
   }
   // Long padded documents stream faster through the 8-warp, 128-column tile (H100, kernel time:
   // rerank_colpali 68.8 -> 62.8 us); documents of a few 64-row tiles do not (rerank_heavy, Ld
   // 128..256: 77 -> 80 us), and packed documents' lengths are not known here.
-  if (plan.tile == Tile::kSmall && p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128) &&
-      p.d.offsets == nullptr && p.d.pad_len >= 512)
+  // Measured on the H100 only; two blocks of it need 2 x 107 KB of shared memory per SM.
+  if (plan.tile == Tile::kSmall && dev.sm == 90 && p.codes == Codes::kNone &&
+      (p.dim == 64 || p.dim == 128) && p.d.offsets == nullptr && p.d.pad_len >= 512 &&
+      tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
     plan.tile = Tile::kStream;
   const int items = std::max(1, num_items(p));
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
@@ -233,6 +261,10 @@ FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   else if (plan.grid.m_tiles > 1)
     plan.workspace_floats = size_t(plan.grid.m_tiles) * p.pairs.num_pairs;
   return plan;
+}
+
+size_t plan_smem(const FwdParams& p, const FwdPlan& plan, DType dtype) {
+  return plan.tile == Tile::kSimt ? 0 : tile_smem(plan.tile, p, dtype);
 }
 
 void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,

@@ -109,45 +109,59 @@ void with_tile(Tile tile, F&& f) {
   }
 }
 
+// Calls f(T{}, tile tag) for the instance of document storage DT that runs `tile` on `dtype`
+// queries, where one exists (the wgmma and 8-warp streaming tiles take 16-bit documents only).
+template <typename DT, typename F>
+void with_instance(Tile tile, DType dtype, F&& f) {
+  with_type(dtype, [&](auto type_tag) {
+    with_tile(tile, [&](auto tile_tag) {
+      if constexpr (kTileTakes<decltype(tile_tag)::value, DT>) f(type_tag, tile_tag);
+    });
+  });
+}
+
 // What the planner and the launcher need of one document storage DT (Plain: the query dtype).
 // Out-of-line templates, so that `extern template` keeps each storage's kernels in its own
 // translation unit.
 template <typename DT>
 int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
   int blocks = 1;
-  with_type(dtype, [&](auto type_tag) {
+  with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
     using T = decltype(type_tag);
-    with_tile(tile, [&](auto tile_tag) {
-      constexpr Tile kTile = decltype(tile_tag)::value;
-      if constexpr (kTileTakes<kTile, DT>) {
-        const bool d128 = p.dim == 128;
-        if (p.argmax != nullptr)
-          blocks = d128 ? resident_blocks<T, DT, kTile, true, 128>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
-        else
-          blocks = d128 ? resident_blocks<T, DT, kTile, false, 128>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
-      }
-    });
+    constexpr Tile kTile = decltype(tile_tag)::value;
+    const bool d128 = p.dim == 128;
+    if (p.argmax != nullptr)
+      blocks = d128 ? resident_blocks<T, DT, kTile, true, 128>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
+    else
+      blocks = d128 ? resident_blocks<T, DT, kTile, false, 128>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
   });
   return blocks;
 }
 
+// Dynamic shared memory of a tile for one document storage at p.dim; 0 where no instance exists.
+template <typename DT>
+size_t storage_smem(Tile tile, const FwdParams& p, DType dtype) {
+  size_t bytes = 0;
+  with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
+    bytes = TileCfg<decltype(type_tag), DT, decltype(tile_tag)::value>::smem_bytes(p.dim);
+  });
+  return bytes;
+}
+
 template <typename DT>
 void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStream_t stream) {
-  with_type(dtype, [&](auto type_tag) {
+  with_instance<DT>(plan.tile, dtype, [&](auto type_tag, auto tile_tag) {
     using T = decltype(type_tag);
-    with_tile(plan.tile, [&](auto tile_tag) {
-      constexpr Tile kTile = decltype(tile_tag)::value;
-      if constexpr (kTileTakes<kTile, DT>) {
-        if (p.argmax != nullptr) launch_tc<T, DT, kTile, true>(p, plan, stream);
-        else launch_tc<T, DT, kTile, false>(p, plan, stream);
-      }
-    });
+    constexpr Tile kTile = decltype(tile_tag)::value;
+    if (p.argmax != nullptr) launch_tc<T, DT, kTile, true>(p, plan, stream);
+    else launch_tc<T, DT, kTile, false>(p, plan, stream);
   });
 }
 
 // Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu).
 #define MAXSIM_CODE_STORAGE(EXTERN, DT)                                                      \
   EXTERN template int storage_resident<DT>(Tile, const FwdParams&, DType);                  \
+  EXTERN template size_t storage_smem<DT>(Tile, const FwdParams&, DType);                    \
   EXTERN template void storage_launch<DT>(const FwdParams&, const Plan&, DType, cudaStream_t);
 MAXSIM_CODE_STORAGE(extern, Int8Codes)
 MAXSIM_CODE_STORAGE(extern, E4m3Codes)

@@ -19,6 +19,8 @@ struct FwdPlan {
                                 // row maxima and their argmax
 };
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
+// Dynamic shared memory per block of a plan's tensor-core tile (0 for the CUDA-core kernel).
+size_t plan_smem(const FwdParams& p, const FwdPlan& plan, DType dtype);
 // fp32 inputs always take the exact fp32 path. Documents stored as 8-bit codes (p.codes) need a
 // tensor-core plan (sm_80+, fp16 / bf16 queries, dim a multiple of 16 up to 256, 16-byte rows).
 void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,

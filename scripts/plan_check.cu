@@ -1,0 +1,104 @@
+// Host-only check of the forward planner, for GPUs this machine does not have: every plan's tile
+// must fit the device's shared memory per block, and the tiles measured fastest on the H100 must
+// be the ones picked there. Links the planner's translation units; needs no GPU (the occupancy
+// queries fail and the planner falls back to one resident block).
+//
+//   nvcc -std=c++17 -I csrc scripts/plan_check.cu csrc/fwd.cu csrc/fwd_codes_int8.cu \
+//        csrc/fwd_codes_e4m3.cu -gencode=arch=compute_80,code=compute_80 -o build/plan_check
+#include <cstdio>
+#include "launch.h"
+
+using namespace maxsim;
+
+namespace {
+
+const char* tile_name(Tile t) {
+  switch (t) {
+    case Tile::kSimt: return "simt";
+    case Tile::kSmall: return "small";
+    case Tile::kMedium: return "medium";
+    case Tile::kLarge: return "large";
+    case Tile::kWide: return "wide";
+    case Tile::kStream: return "stream";
+  }
+  return "?";
+}
+
+struct Case {
+  const char* name;
+  Layout layout;
+  int nq, lq, nd, ld, dim;
+  Codes codes;
+};
+
+alignas(16) unsigned short g_tokens[16];  // a 16-byte aligned address; never read
+
+FwdParams params(const Case& c) {
+  FwdParams p{};
+  auto set = [](TokenSet& s, int count, int len, int dim) {
+    s.data = g_tokens;
+    s.count = count;
+    s.pad_len = len;
+    s.row_stride = dim;
+    s.seg_stride = int64_t(len) * dim;
+    s.rows = int64_t(count) * len;
+  };
+  set(p.q, c.nq, c.lq, c.dim);
+  set(p.d, c.nd, c.ld, c.dim);
+  p.pairs.layout = c.layout;
+  p.pairs.group = c.layout == kGrouped ? c.nd / c.nq : 0;
+  p.pairs.num_pairs = c.layout == kGrouped ? c.nd : c.nq * c.nd;
+  p.dim = c.dim;
+  p.max_lq = c.lq;
+  p.codes = c.codes;
+  return p;
+}
+
+}  // namespace
+
+int main() {
+  const Case cases[] = {
+      {"allpairs_large", kAllPairs, 128, 128, 128, 1024, 128, Codes::kNone},
+      {"train_small", kAllPairs, 32, 32, 32, 80, 128, Codes::kNone},
+      {"rerank_colpali", kGrouped, 8, 32, 800, 1024, 128, Codes::kNone},
+      {"rerank_heavy", kGrouped, 32, 32, 3200, 256, 128, Codes::kNone},
+      {"long_queries", kGrouped, 4, 200, 280, 1024, 128, Codes::kNone},
+      {"dim256_short", kGrouped, 8, 32, 800, 1024, 256, Codes::kNone},
+      {"dim256_long", kAllPairs, 3, 300, 5, 70, 256, Codes::kNone},
+      {"dim64_colpali", kGrouped, 8, 32, 800, 1024, 64, Codes::kNone},
+      {"int8_colpali", kGrouped, 8, 32, 800, 1024, 128, Codes::kInt8},
+      {"int8_dim256", kGrouped, 8, 48, 800, 1024, 256, Codes::kInt8},
+  };
+  // Opt-in shared memory per block: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90 227 KB.
+  const DeviceInfo devices[] = {{80, 108, 166912}, {86, 84, 101376}, {89, 128, 101376}, {90, 132, 232448}};
+  int failures = 0;
+  auto expect = [&](bool ok, const char* what, const DeviceInfo& dev, const Case& c, Tile t) {
+    if (ok) return;
+    std::printf("FAIL sm_%d %s: %s (tile %s)\n", dev.sm, c.name, what, tile_name(t));
+    ++failures;
+  };
+  for (const DeviceInfo& dev : devices) {
+    for (const Case& c : cases) {
+      const FwdParams p = params(c);
+      for (DType dt : {DType::kF16, DType::kBF16}) {
+        const FwdPlan plan = plan_fwd(p, dt, dev);
+        const size_t smem = plan_smem(p, plan, dt);
+        expect(smem <= size_t(dev.max_smem), "tile exceeds the shared memory per block", dev, c, plan.tile);
+        expect(plan.tile == Tile::kSimt || plan.blocks > 0, "no blocks", dev, c, plan.tile);
+        expect(c.codes == Codes::kNone || plan.tile != Tile::kSimt, "8-bit documents without a tile", dev, c, plan.tile);
+        if (dev.sm != 90) expect(plan.tile != Tile::kWide && plan.tile != Tile::kStream, "Hopper-only tile", dev, c, plan.tile);
+        if (dt == DType::kF16)
+          std::printf("sm_%d %-15s -> %-6s %6zu B smem, %d blocks\n", dev.sm, c.name, tile_name(plan.tile), smem, plan.blocks);
+      }
+    }
+  }
+  // What the H100 measurements chose (docs/ARCHITECTURE.md).
+  const DeviceInfo& h100 = devices[3];
+  const Tile want[] = {Tile::kWide, Tile::kLarge, Tile::kStream, Tile::kSmall};
+  for (int i = 0; i < 4; ++i) {
+    const FwdPlan plan = plan_fwd(params(cases[i]), DType::kF16, h100);
+    expect(plan.tile == want[i], "not the tile measured fastest on the H100", h100, cases[i], plan.tile);
+  }
+  std::printf("plan check: %s\n", failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
