@@ -167,6 +167,8 @@ def kernel_time(fns, device, reps=10):
         names[e.name[:70]] = (n + 1 / reps, t + us / 1e3 / reps)
         total_us += us
         launches += 1
+    if launches == 0:  # nothing recorded (e.g. a CUDA graph replay the profiler does not see)
+        return None, None, {}
     return total_us / 1e3 / reps, launches / reps, names
 
 
@@ -282,7 +284,10 @@ def run_row(case, impl, ref, floor, device, args, state):
         ms = time_calls(fns, device, min_reps=args.min_reps, target_s=args.target_s)
         row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50), ms_p80=percentile(ms, 80))
         if args.kernel_time:
-            row["kernel_ms"], row["launches"], _ = kernel_time(fns, device)
+            try:
+                row["kernel_ms"], row["launches"], _ = kernel_time(fns, device)
+            except Exception as e:  # noqa: BLE001 - a profiler failure must not fail the row
+                notes.append(f"no kernel time: {_short(e)}")
         notes.append(f"{len(ms)} reps, {len(fns)} input sets")
     except Exception as e:  # noqa: BLE001 - every failure is recorded in the row
         out = None

@@ -45,6 +45,8 @@ def gpu_us(fns, reps=20):
     for f in fns[:3]:
         f()
     ms, launches, names = kernel_time(fns, torch.device("cuda"), reps)
+    if ms is None:
+        return float("nan"), 0.0, {}
     return ms * 1e3, launches, {k: (n, t * 1e3) for k, (n, t) in names.items()}
 
 
