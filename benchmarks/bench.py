@@ -105,7 +105,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_calls(fns, device, *, min_reps=30, max_reps=300, target_s=0.4, warmup=3):
+def time_calls(fns, device, *, min_reps=30, max_reps=300, target_s=0.4, warmup=3, spin_s=0.2):
     """Milliseconds per call (list), rotating over ``fns`` (one per input set). Warm-up first
     (compilation and autotuning stay out), then a rep count sized to ~target_s of work."""
     n = len(fns)
@@ -119,9 +119,9 @@ def time_calls(fns, device, *, min_reps=30, max_reps=300, target_s=0.4, warmup=3
         k += 1
     est = (time.perf_counter() - t0) / k
     reps = int(min(max_reps, max(min_reps, target_s / max(est, 1e-7))))
-    # Keep the GPU busy for ~0.2 s before timing: after an idle spell (a peer's compile, input
+    # Keep the GPU busy for ~spin_s before timing: after an idle spell (a peer's compile, input
     # set-up) its clocks ramp up again, and the first implementation timed would pay for it.
-    for r in range(int(min(2000, 0.2 / max(est, 1e-7)))):
+    for r in range(int(min(2000, spin_s / max(est, 1e-7)))):
         fns[r % n]()
     sync(device)
     if device.type == "cuda":
@@ -250,26 +250,54 @@ def row_skeleton(case, impl, floor):
     return row_skeleton_for(case.workload.name, case.dtype_name, impl.name, floor)
 
 
-def run_row(case, impl, ref, floor, device, args, state):
-    row = row_skeleton(case, impl, floor)
-    notes = [impl.note(case)]
+class Prepared:
+    """One implementation's row of a (workload, dtype) while it is measured: ``fns`` (one call
+    per input set) stays None when the row cannot be timed."""
+
+    def __init__(self, row, notes):
+        self.row, self.notes, self.fns, self.ms = row, notes, None, []
+
+    def fail(self, e, case, impl_name, device, state):
+        self.fns = None
+        self.row["status"] = "oom" if is_oom(e) else "error"
+        self.notes.append(_short(e))
+        if device.type == "cuda" and not is_oom(e):
+            try:
+                torch.cuda.synchronize(device)
+            except Exception as e2:  # noqa: BLE001 - a sticky CUDA error poisons the context
+                state["broken"] = f"CUDA context lost at {case.workload.name}/{impl_name}: " \
+                                  f"{_short(e2)}"
+
+    def finish(self):
+        self.fns = None
+        self.row["note"] = "; ".join(n for n in self.notes if n)
+        return self.row
+
+
+def prepare_row(case, impl, ref, floor, device, state) -> Prepared:
+    """Binds ``impl`` to every input set, warms it up, measures one call's memory and checks its
+    output against the float64 reference."""
+    prep = Prepared(row_skeleton(case, impl, floor), [impl.note(case)])
+    row = prep.row
     if state.get("broken"):
-        row.update(status="error", note=f"not run: {state['broken']}")
-        return row
-    fns = out = None
+        prep.notes = [f"not run: {state['broken']}"]
+        row["status"] = "error"
+        return prep
+    out = None
     try:
         try:
             fns = [impl.bind(case, s) for s in case.sets]
         except Unsupported as e:
-            row.update(status="unsupported", note=str(e))
-            return row
+            row["status"], prep.notes = "unsupported", [str(e)]
+            return prep
         if impl.name == "naive" and device.type == "cuda":
             need = case.kind.naive_bytes(case.params, case.meta, case.dtype)
             have = torch.cuda.mem_get_info(device)[0]
             if need > have:
-                row.update(status="oom", note=f"not run: needs > {need / 2**30:.1f} GiB, "
-                                              f"{have / 2**30:.1f} GiB free")
-                return row
+                row["status"] = "oom"
+                prep.notes = [f"not run: needs > {need / 2**30:.1f} GiB, "
+                              f"{have / 2**30:.1f} GiB free"]
+                return prep
         for i in range(2):
             fns[i % len(fns)]()
         sync(device)
@@ -278,32 +306,50 @@ def run_row(case, impl, ref, floor, device, args, state):
         err, top, cnote = case.kind.check(out, ref)
         out = None
         row["rel_err"], row["top10_agree"] = err, top
-        notes.append(cnote)
+        prep.notes.append(cnote)
         if err is None:
             row["status"] = "error"
-        ms = time_calls(fns, device, min_reps=args.min_reps, target_s=args.target_s)
-        row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50), ms_p80=percentile(ms, 80))
-        if args.kernel_time:
-            try:
-                row["kernel_ms"], row["launches"], _ = kernel_time(fns, device)
-            except Exception as e:  # noqa: BLE001 - a profiler failure must not fail the row
-                notes.append(f"no kernel time: {_short(e)}")
-        notes.append(f"{len(ms)} reps, {len(fns)} input sets")
+        prep.fns = fns
     except Exception as e:  # noqa: BLE001 - every failure is recorded in the row
         out = None
-        row["status"] = "oom" if is_oom(e) else "error"
-        notes.append(_short(e))
-        if device.type == "cuda" and not is_oom(e):
-            try:
-                torch.cuda.synchronize(device)
-            except Exception as e2:  # noqa: BLE001 - a sticky CUDA error poisons the context
-                state["broken"] = f"CUDA context lost at {case.workload.name}/{impl.name}: " \
-                                  f"{_short(e2)}"
+        prep.fail(e, case, impl.name, device, state)
     finally:
-        fns = out = None
         free(device)
-    row["note"] = "; ".join(n for n in notes if n)
-    return row
+    return prep
+
+
+def time_rows(preps, case, device, args, state):
+    """Times the prepared rows of one (workload, dtype) in ``args.rounds`` rounds, the
+    implementations interleaved in alternating order, so that a slow spell of the host or the
+    GPU falls on all of them alike; then records each one's kernel time."""
+    rounds = max(1, args.rounds)
+    for r in range(rounds):
+        order = preps if r % 2 == 0 else preps[::-1]
+        for prep in order:
+            if prep.fns is None:
+                continue
+            try:
+                prep.ms += time_calls(
+                    prep.fns, device, min_reps=-(-args.min_reps // rounds),
+                    max_reps=-(-300 // rounds), target_s=args.target_s / rounds,
+                    spin_s=0.2 if r == 0 else 0.05)
+            except Exception as e:  # noqa: BLE001 - recorded in the row, the others go on
+                prep.ms = []
+                prep.fail(e, case, prep.row["impl"], device, state)
+            finally:
+                free(device)
+    for prep in preps:
+        if prep.fns is None or not prep.ms:
+            continue
+        ms = prep.ms
+        prep.row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50),
+                        ms_p80=percentile(ms, 80))
+        if args.kernel_time:
+            try:
+                prep.row["kernel_ms"], prep.row["launches"], _ = kernel_time(prep.fns, device)
+            except Exception as e:  # noqa: BLE001 - a profiler failure must not fail the row
+                prep.notes.append(f"no kernel time: {_short(e)}")
+        prep.notes.append(f"{len(ms)} reps in {rounds} rounds, {len(prep.fns)} input sets")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,6 +432,8 @@ def parse_args(argv=None):
     ap.add_argument("--min-reps", type=int, default=None, help="timed calls per row (>= 30)")
     ap.add_argument("--target-s", type=float, default=None,
                     help="seconds of timed work per row before the rep cap")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timed rounds per (workload, dtype), implementations interleaved")
     ap.add_argument("--no-kernel-time", dest="kernel_time", action="store_false",
                     help="leave out the profiler pass that records each row's kernel time")
     ap.add_argument("--list", action="store_true", help="list the workloads and exit")
@@ -500,19 +548,26 @@ def main(argv=None):
                 ref = case.kind.reference(case.sets[0], case.meta)
                 free(device)
                 floor = floor_ms(case.kind.work(case.params, case.meta, case.dtype), dt, ceilings)
+                preps = []
                 for impl in usable:
                     if case.kind.name not in impl.kinds:  # recorded, so every impl has a row
                         rows.append({**row_skeleton(case, impl, floor), "status": "unsupported",
                                      "note": f"{impl.name} covers {', '.join(impl.kinds)} "
                                              f"workloads only"})
                         continue
-                    t_row = time.perf_counter()
-                    row = run_row(case, impl, ref, floor, device, args, state)
-                    rows.append(row)
-                    print(f"  {wl.name:<16} {dt:<5} {impl.name:<25} {row['status']:<11} "
-                          f"p50 {fmt(row['ms_p50'], '.4f')} ms  floor {floor:.4f} ms  "
-                          f"rel_err {fmt(row['rel_err'], '.1e')}  "
-                          f"[{time.perf_counter() - t_row:.1f}s] {row['note']}", flush=True)
+                    preps.append(prepare_row(case, impl, ref, floor, device, state))
+                t_rows = time.perf_counter()
+                try:
+                    time_rows(preps, case, device, args, state)
+                finally:
+                    for prep in preps:
+                        row = prep.finish()
+                        rows.append(row)
+                        print(f"  {wl.name:<16} {dt:<5} {row['impl']:<25} {row['status']:<11} "
+                              f"p50 {fmt(row['ms_p50'], '.4f')} ms  "
+                              f"kernel {fmt(row['kernel_ms'], '.4f')} ms  floor {floor:.4f} ms  "
+                              f"rel_err {fmt(row['rel_err'], '.1e')}  {row['note']}", flush=True)
+                    print(f"  timed in {time.perf_counter() - t_rows:.1f}s", flush=True)
             except Exception as e:  # noqa: BLE001 - setup or reference failed: record, go on
                 for impl in usable:
                     if wl.kind in impl.kinds:
