@@ -203,8 +203,8 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   }
   // Long padded documents stream faster through the 8-warp, 128-column tile (H100, kernel time:
   // rerank_colpali 68.8 -> 62.8 us); documents of a few 64-row tiles do not (rerank_heavy, Ld
-  // 128..256: 77 -> 80 us), and packed documents' lengths are not known here.
-  // Measured on the H100 only; two blocks of it need 2 x 107 KB of shared memory per SM.
+  // 128..256: 77 -> 80 us), and packed documents' lengths are not known here. Measured on the
+  // H100 alone, whose 228 KB per SM hold two of its 107 KB blocks.
   if (plan.tile == Tile::kSmall && dev.sm == 90 && p.codes == Codes::kNone &&
       (p.dim == 64 || p.dim == 128) && p.d.offsets == nullptr && p.d.pad_len >= 512 &&
       tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))

@@ -33,8 +33,9 @@ template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN =
 
 using Plan = FwdPlan;
 
-// Which tiles a document storage is built for: the wgmma tile (kWide) takes 16-bit documents
-// only (the planner never picks it for codes), so no 8-bit instance of it is compiled.
+// Which tiles a document storage is built for: the wgmma tile (kWide) and the 8-warp streaming
+// tile (kStream) take 16-bit documents only (the planner never picks them for codes), so no 8-bit
+// instance of them is compiled.
 template <Tile kTile, typename DT>
 constexpr bool kTileTakes = (kTile != Tile::kWide && kTile != Tile::kStream) || !kIsCodes<DT>;
 
