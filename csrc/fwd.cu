@@ -130,20 +130,22 @@ int num_items(const FwdParams& p) {
   }
 }
 
-int resident(Tile tile, const FwdParams& p, DType dtype) {
-  switch (p.codes) {
-    case Codes::kInt8: return storage_resident<Int8Codes>(tile, p, dtype);
-    case Codes::kE4m3: return storage_resident<E4m3Codes>(tile, p, dtype);
-    default: return storage_resident<Plain>(tile, p, dtype);
+// Calls f with the tag of the document storage that p.codes names.
+template <typename F>
+auto with_storage(Codes codes, F&& f) {
+  switch (codes) {
+    case Codes::kInt8: return f(Int8Codes{});
+    case Codes::kE4m3: return f(E4m3Codes{});
+    default: return f(Plain{});
   }
 }
 
+int resident(Tile tile, const FwdParams& p, DType dtype) {
+  return with_storage(p.codes, [&](auto s) { return storage_resident<decltype(s)>(tile, p, dtype); });
+}
+
 size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
-  switch (p.codes) {
-    case Codes::kInt8: return storage_smem<Int8Codes>(tile, p, dtype);
-    case Codes::kE4m3: return storage_smem<E4m3Codes>(tile, p, dtype);
-    default: return storage_smem<Plain>(tile, p, dtype);
-  }
+  return with_storage(p.codes, [&](auto s) { return storage_smem<decltype(s)>(tile, p, dtype); });
 }
 
 // The tile that fits the device's shared memory per block: the 128-row tile takes 108 KB at
@@ -274,16 +276,12 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
   if (plan.tile == Tile::kSimt) {  // never with codes: the binding refuses that plan
     if (argmax) launch_simt<true>(p, dtype, dev, stream);
     else launch_simt<false>(p, dtype, dev, stream);
-  } else if (p.codes == Codes::kInt8) {
-    storage_launch<Int8Codes>(p, plan, dtype, stream);
-  } else if (p.codes == Codes::kE4m3) {
-    storage_launch<E4m3Codes>(p, plan, dtype, stream);
-  } else if (plan.tile == Tile::kWide) {
+  } else if (plan.tile == Tile::kWide) {  // 16-bit documents only (make_plan)
     FwdParams wide = p;
     wide.d_tma = encode_documents(wide, dtype);
     storage_launch<Plain>(wide, plan, dtype, stream);
   } else {
-    storage_launch<Plain>(p, plan, dtype, stream);
+    with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(p, plan, dtype, stream); });
   }
   if (plan.grid.splits > 1) {
     const int threads = 256, blocks = static_cast<int>((int64_t(p.pairs.num_pairs) * 32 + threads - 1) / threads);
