@@ -105,7 +105,11 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_calls(fns, device, *, min_reps=30, max_reps=300, target_s=0.4, warmup=3, spin_s=0.2):
+MAX_REPS = 300  # timed calls per row at most
+
+
+def time_calls(fns, device, *, min_reps=30, max_reps=MAX_REPS, target_s=0.4, warmup=3,
+               spin_s=0.2):
     """Milliseconds per call (list), rotating over ``fns`` (one per input set). Warm-up first
     (compilation and autotuning stay out), then a rep count sized to ~target_s of work."""
     n = len(fns)
@@ -331,7 +335,7 @@ def time_rows(preps, case, device, args, state):
             try:
                 prep.ms += time_calls(
                     prep.fns, device, min_reps=-(-args.min_reps // rounds),
-                    max_reps=-(-300 // rounds), target_s=args.target_s / rounds,
+                    max_reps=-(-MAX_REPS // rounds), target_s=args.target_s / rounds,
                     spin_s=0.2 if r == 0 else 0.05)
             except Exception as e:  # noqa: BLE001 - recorded in the row, the others go on
                 prep.ms = []

@@ -184,8 +184,10 @@ def _kernel_cells(ours, idx, wl, dt, peers) -> str:
     x_floor = f_x(k / fl) if fl else "–"
     timed = [(idx[(wl, dt, p)]["kernel_ms"], p) for p in peers
              if _ok(idx.get((wl, dt, p))) and idx[(wl, dt, p)].get("kernel_ms")]
-    x_peer = f"{f_x(min(timed)[0] / k)} {min(timed)[1]}" if timed else "–"
-    return f"{f_ms(k)} | {x_floor} | {x_peer}"
+    if not timed:
+        return f"{f_ms(k)} | {x_floor} | –"
+    best_ms, best = min(timed)
+    return f"{f_ms(k)} | {x_floor} | {f_x(best_ms / k)} {best}"
 
 
 def _ours(doc) -> list[str]:
