@@ -159,8 +159,23 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   const T* qg = static_cast<const T*>(p.q.data);
   const DElem* dg = static_cast<const DElem*>(p.d.data);
 
-  // Synchronous load of the query rows (zero rows past a segment or past the batch).
-  auto load_queries = [&](int qfirst) {
+  auto span_of = [&](const Segment& g) {
+    const int tiles = max(1, (g.len + BN - 1) / BN);
+    if (splits == 1) return TileSpan{0, tiles, g.len};
+    const int per = (tiles + splits - 1) / splits;
+    const int begin = split * per, end = min(tiles, begin + per);
+    return begin < end ? TileSpan{begin, end, min(g.len, end * BN)} : TileSpan{0, 1, 0};
+  };
+
+  // ---- producer: walks (item, tile) ahead of the consumer
+  int p_item = item_begin;
+  Segment p_seg = segment_of(p.d, item_doc(p_item));
+  int p_tile = span_of(p_seg).begin;
+
+  // Load of the query rows (zero rows past a segment or past the batch). `async`: 16-bit tiles
+  // copy the rows with cp.async, joined to the first document stage's group, so that the query's
+  // latency overlaps the first tile's instead of preceding it.
+  auto load_queries = [&](int qfirst, bool async) {
     for (int r = tid; r < BM; r += Cfg::kThreads) {
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
       bool valid = false;
@@ -176,6 +191,19 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     for (int c = tid; c < BM * chunks; c += Cfg::kThreads) {
       const int r = c / chunks, k = c % chunks;
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
+      if constexpr (!kWg && !kCodes) {
+        if (async) {
+          const T* src = qg;
+          bool in = false;
+          if (ql < grid.qpb && qi < num_q && k * 8 < dim) {
+            const Segment g = segment_of(p.q, qi);
+            in = t < g.rows;
+            if (in) src = qg + row_elem(p.q, qi, g.first_row, t) + k * 8;
+          }
+          cp_async16(q_s + r * lds + chunk_at(r, k), src, in ? 16 : 0);
+          continue;
+        }
+      }
       uint4 v = make_uint4(0, 0, 0, 0);
       if (ql < grid.qpb && qi < num_q && k * 8 < dim) {
         const Segment g = segment_of(p.q, qi);
@@ -197,21 +225,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       }
     }
   };
-  load_queries(q0);
+  // The first query rows are copied after the first document's segment is looked up (its
+  // length load then runs alongside) and before the first stage is requested (same group).
+  load_queries(q0, true);
   if constexpr (kWg) fence_proxy_async();  // the query tile's stores, then wgmma's reads
-
-  auto span_of = [&](const Segment& g) {
-    const int tiles = max(1, (g.len + BN - 1) / BN);
-    if (splits == 1) return TileSpan{0, tiles, g.len};
-    const int per = (tiles + splits - 1) / splits;
-    const int begin = split * per, end = min(tiles, begin + per);
-    return begin < end ? TileSpan{begin, end, min(g.len, end * BN)} : TileSpan{0, 1, 0};
-  };
-
-  // ---- producer: walks (item, tile) ahead of the consumer
-  int p_item = item_begin;
-  Segment p_seg = segment_of(p.d, item_doc(p_item));
-  int p_tile = span_of(p_seg).begin;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
   const int chunks_p2 = d_chunks <= 8 ? 8 : d_chunks <= 16 ? 16 : 32;
   const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
@@ -569,7 +586,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         const int qi = pm.pair_q[c_item];
         if (qi != loaded_q) {  // pairs sorted by query reload rarely
           __syncthreads();
-          load_queries(qi);
+          load_queries(qi, false);
           loaded_q = qi;
           __syncthreads();
         }
