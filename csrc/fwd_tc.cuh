@@ -292,12 +292,13 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         DElem* dst = d_s + stage * BN * ldd +
                      (kCodes ? my_chunk * Cfg::kChunkElems : chunk_at(tid / chunks_p2, my_chunk));
         const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
+        // Rows past the document's valid columns are not copied at all: their stale contents
+        // only reach masked columns (valid_cols). Chunks past `dim` are zero-filled, since the
+        // query's zero dims would turn stale Inf or NaN into NaN inside a valid dot product.
         const bool col_in = my_chunk * Cfg::kChunkElems < dim;
-        for (int r = tid / chunks_p2; r < BN; r += row_step) {
-          const int s = row0 + r;
-          const bool in = col_in && s < p_span.cols;
-          cp_async16(dst + r * ldd, in ? src0 + int64_t(s) * p.d.row_stride : dg, in ? 16 : 0);
-        }
+        const int rows_in = p_span.cols - row0;
+        for (int r = tid / chunks_p2; r < min(BN, rows_in); r += row_step)
+          cp_async16(dst + r * ldd, col_in ? src0 + int64_t(row0 + r) * p.d.row_stride : dg, col_in ? 16 : 0);
       }
       if (++p_tile == p_span.end) {
         if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
