@@ -50,12 +50,26 @@ def gpu_us(fns, reps=20):
     return ms * 1e3, launches, {k: (n, t * 1e3) for k, (n, t) in names.items()}
 
 
+def profiled_call(fns):
+    """One call inside the profiler range, after the warm-up (a peer's autotuning included)."""
+    for f in fns[:3]:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fns[0]()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", help="comma-separated workload names (default: all but sweeps)")
     ap.add_argument("--impl", help="comma-separated implementation names")
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--out", help="JSON file for the rows")
+    ap.add_argument("--ncu", action="store_true",
+                    help="run each call once between cudaProfilerStart/Stop after a warm-up and "
+                         "time nothing (for `ncu --profile-from-start off`)")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else [w.name for w in REGISTRY if not w.sweep]
     impls = [Maxsim(), MaxsimAutograd(), Naive()] + [P() for P in PEERS]
@@ -73,6 +87,10 @@ def main(argv=None):
         for impl in impls:
             try:
                 fns = [impl.bind(case, s) for s in case.sets]
+                if args.ncu:
+                    profiled_call(fns)
+                    print(f"{name:16} {impl.name:26} profiled one call", flush=True)
+                    continue
                 loop = percentile(time_calls(fns, dev, target_s=0.2), 50) * 1e3
                 host = host_us(fns)
                 gpu, launches, kern = gpu_us(fns)

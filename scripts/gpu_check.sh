@@ -2,7 +2,8 @@
 # Everything a GPU machine runs, in one call: build + kernel checks, the test suite, the
 # benchmark, the hub-variant check, the call profile, an ncu summary. Logs and results go to $OUT.
 #
-#   bash scripts/gpu_check.sh [stage ...]      stages: check test integ bench hub profile ncu sanitize
+#   bash scripts/gpu_check.sh [stage ...]      stages: check test integ bench hub profile ncu
+#                                             ncu_rerank sanitize
 #                                             (default: check test bench)
 #
 # Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
@@ -55,6 +56,13 @@ for stage in "${stages[@]}"; do
         --page source --print-source=sass --csv python3 scripts/gpu_check.py --profile-run \
         > "$OUT/sass.csv" 2>/dev/null
       python3 benchmarks/sass_histogram.py "$OUT/sass.csv" | tee "$OUT/sass.txt" | head -n 60 ;;
+    ncu_rerank)
+      # Per-instruction counts of our streaming kernel and the peers' on two reranking rows.
+      ncu --profile-from-start off --section SourceCounters --page source --print-source=sass \
+        --csv python3 benchmarks/call_profile.py --ncu --only rerank,rerank_heavy \
+        --impl maxsim,flash-maxsim > "$OUT/sass_rerank.csv" 2>/dev/null
+      python3 benchmarks/sass_histogram.py "$OUT/sass_rerank.csv" | tee "$OUT/sass_rerank.txt" \
+        | head -n 120 ;;
     sanitize)
       python3 scripts/sanitize_cases.py > /dev/null  # builds the extension outside the tools
       for tool in memcheck racecheck; do
