@@ -175,6 +175,27 @@ def test_streaming_tiles(dtype, h, ld):
     )
     assert_exact(*got, *want)
 
+def test_stale_stage_rows_never_reach_a_score():
+    """Rows past a document's valid tokens are not copied into shared memory, so a stage still
+    holds an earlier document's rows there. Long documents with a NaN row alternate with short
+    ones (NaN padding too), enough of them that blocks take several documents each: the short
+    documents' scores must equal float64 exactly, the long ones' be NaN."""
+    nd, ld, h = 12000, 40, 64
+    Q = values((1, 7, h), torch.float16, DEVICE, "grid")
+    D = values((nd, ld, h), torch.float16, DEVICE, "grid")
+    lengths = torch.full((nd,), ld, device=DEVICE)
+    lengths[1::2] = torch.randint(1, 9, (nd // 2,), device=DEVICE)
+    D[0::2, 30] = float("nan")
+    D[1::2, 20:] = float("nan")  # padding of the short documents
+    scores = maxsim.maxsim(Q, D, d_lengths=lengths, backend="cuda")[0]
+    assert torch.all(scores[0::2].isnan())
+    short = D[1::2].double()
+    sim = torch.einsum("th,dsh->dts", Q[0].double(), short)
+    valid = torch.arange(ld, device=DEVICE) < lengths[1::2, None]
+    ref = sim.masked_fill(~valid[:, None, :], float("-inf")).amax(-1).sum(-1)
+    torch.testing.assert_close(scores[1::2].double(), ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("h", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_compute_bound_tiles(dtype, h):
