@@ -103,15 +103,16 @@ __global__ void merge_splits_kernel(const FwdParams p, int splits) {
 
 using namespace fwd_detail;
 
-int tile_rows(Tile t) {
-  switch (t) {
-    case Tile::kSmall: return TileShape<Tile::kSmall>::BM;
-    case Tile::kMedium: return TileShape<Tile::kMedium>::BM;
-    case Tile::kLarge: return TileShape<Tile::kLarge>::BM;
-    case Tile::kWide: return TileShape<Tile::kWide>::BM;
-    case Tile::kStream: return TileShape<Tile::kStream>::BM;
-    default: return 0;
-  }
+// Rows (query tokens) and columns (document tokens) of a tensor-core tile.
+struct TileDims {
+  int rows = 0, cols = 0;
+};
+TileDims tile_dims(Tile t) {
+  TileDims d;
+  with_tile(t, [&](auto tag) {
+    d = {TileShape<decltype(tag)::value>::BM, TileShape<decltype(tag)::value>::BN};
+  });
+  return d;
 }
 
 // 16-byte copies: the data and every row start on 16 bytes (`per16` elements).
@@ -185,7 +186,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   plan.tile = fitting_tile(plan.tile, p, dtype, dev);
   if (plan.tile == Tile::kSimt) return Plan{};
   if (plan.tile != Tile::kLarge) plan.grid.qpb = 1;  // several queries per tile: 128 rows only
-  const int bm = tile_rows(plan.tile);
+  const int bm = tile_dims(plan.tile).rows;
   plan.grid.m_tiles = plan.grid.qpb > 1 ? 1 : (lq + bm - 1) / bm;
   switch (p.pairs.layout) {
     case kAllPairs:
@@ -218,7 +219,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     // past ~8 waves. Padded documents that fill fewer than two waves are cut into column slices
     // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only); with
     // more pairs than that, the merge and the shorter slices cost more than the tail they save.
-    const int bn = 64;  // kSmall and kMedium stream 64-token tiles
+    const int bn = tile_dims(plan.tile).cols;
     const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
     const int64_t units = int64_t(plan.grid.q_tiles) * items;
     if (units < 2 * slots && p.d.offsets == nullptr && plan.tile != Tile::kStream) {
