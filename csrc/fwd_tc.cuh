@@ -191,24 +191,18 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     for (int c = tid; c < BM * chunks; c += Cfg::kThreads) {
       const int r = c / chunks, k = c % chunks;
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
+      const T* src = nullptr;  // this chunk's 8 elements, or none (zeros)
+      if (ql < grid.qpb && qi < num_q && k * 8 < dim) {
+        const Segment g = segment_of(p.q, qi);
+        if (t < g.rows) src = qg + row_elem(p.q, qi, g.first_row, t) + k * 8;
+      }
       if constexpr (!kWg && !kCodes) {
         if (async) {
-          const T* src = qg;
-          bool in = false;
-          if (ql < grid.qpb && qi < num_q && k * 8 < dim) {
-            const Segment g = segment_of(p.q, qi);
-            in = t < g.rows;
-            if (in) src = qg + row_elem(p.q, qi, g.first_row, t) + k * 8;
-          }
-          cp_async16(q_s + r * lds + chunk_at(r, k), src, in ? 16 : 0);
+          cp_async16(q_s + r * lds + chunk_at(r, k), src != nullptr ? src : qg, src != nullptr ? 16 : 0);
           continue;
         }
       }
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (ql < grid.qpb && qi < num_q && k * 8 < dim) {
-        const Segment g = segment_of(p.q, qi);
-        if (t < g.rows) v = *reinterpret_cast<const uint4*>(qg + row_elem(p.q, qi, g.first_row, t) + k * 8);
-      }
+      const uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
       if constexpr (kWg) {
         *reinterpret_cast<uint4*>(q_s + swz(r, k, BM)) = v;
       } else if constexpr (kCodes) {
