@@ -25,10 +25,15 @@ from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, setup  # noqa: E402
 
 
-def host_us(fns, reps=60):
-    """Host time per call: calls queued back to back (never enough to fill the launch queue)."""
+def warm_up(fns):
+    """Three calls first: compilation, autotuning and allocations stay out of what is measured."""
     for f in fns[:3]:
         f()
+
+
+def host_us(fns, reps=60):
+    """Host time per call: calls queued back to back (never enough to fill the launch queue)."""
+    warm_up(fns)
     torch.cuda.synchronize()
     out = []
     for _ in range(5):
@@ -42,8 +47,7 @@ def host_us(fns, reps=60):
 
 def gpu_us(fns, reps=20):
     """(kernel microseconds per call, kernels per call, {name: (calls, us)}) after a warm-up."""
-    for f in fns[:3]:
-        f()
+    warm_up(fns)
     ms, launches, names = kernel_time(fns, torch.device("cuda"), reps)
     if ms is None:
         return float("nan"), 0.0, {}
@@ -52,8 +56,7 @@ def gpu_us(fns, reps=20):
 
 def profiled_call(fns):
     """One call inside the profiler range, after the warm-up (a peer's autotuning included)."""
-    for f in fns[:3]:
-        f()
+    warm_up(fns)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     fns[0]()
