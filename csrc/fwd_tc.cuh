@@ -290,9 +290,16 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         // only reach masked columns (valid_cols). Chunks past `dim` are zero-filled, since the
         // query's zero dims would turn stale Inf or NaN into NaN inside a valid dot product.
         const bool col_in = my_chunk * Cfg::kChunkElems < dim;
-        const int rows_in = p_span.cols - row0;
-        for (int r = tid / chunks_p2; r < min(BN, rows_in); r += row_step)
-          cp_async16(dst + r * ldd, col_in ? src0 + int64_t(row0 + r) * p.d.row_stride : dg, col_in ? 16 : 0);
+        const int r0 = tid / chunks_p2, rows_in = p_span.cols - row0;
+        // A running source address (one add per copy, no multiply); with the dim fixed at
+        // compile time the row step is too, and the loop unrolls into predicated copies.
+        const DElem* src = col_in ? src0 + int64_t(row0 + r0) * p.d.row_stride : dg;
+        const int64_t inc = col_in ? int64_t(row_step) * p.d.row_stride : 0;
+#pragma unroll
+        for (int i = 0; i < BN / row_step; ++i) {  // r0 < row_step: BN / row_step rows each
+          if (r0 + i * row_step < rows_in) cp_async16(dst + (r0 + i * row_step) * ldd, src, col_in ? 16 : 0);
+          src += inc;
+        }
       }
       if (++p_tile == p_span.end) {
         if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
