@@ -467,9 +467,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     reset();
     __syncthreads();
     const int qfirst = pm.layout == kPairs ? loaded_q : q0;
-    for (int r = tid; r < BM; r += Cfg::kThreads) {
-      float v = red_v[r];
-      int i = red_i[r];
+    // Row r's best over the warps' column slices (in warp order: ties keep the lowest column).
+    auto merged = [&](int r, float& v, int& i) {
+      v = red_v[r];
+      i = red_i[r];
 #pragma unroll
       for (int w = 1; w < WN; ++w) {
         const float ov = red_v[w * BM + r];
@@ -480,6 +481,43 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           v = max_nan(v, ov);
         }
       }
+    };
+    // Row r's term of its query's sum (0 for padding and rows with no valid column); writes
+    // its argmax when asked.
+    auto row_term = [&](int r, bool in_q, int qi, int t, float v, int i) {
+      const bool valid = row_ok[r];
+      if constexpr (kArgmax) {
+        if (in_q && qi < num_q && t < p.max_lq) p.argmax[item_out(item, qi) * p.max_lq + t] = valid ? i : -1;
+      }
+      const bool found = kArgmax ? i >= 0 : v != -INFINITY;
+      return valid && found ? v * row_scale[r] : 0.f;
+    };
+    // A warp's per-lane terms summed (butterfly) and written once for query qi.
+    auto write_sum = [&](int qi, float s) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0 && qi < num_q) {
+        const int64_t out = item_out(item, qi);
+        if (grid.m_tiles > 1) p.partial[int64_t(mt) * pm.num_pairs + out] = s;
+        else p.scores[out] = s;
+      }
+    };
+    if (BM == 32 && grid.qpb == 1 && splits == 1) {
+      // One query's 32 rows, one per lane of warp 0: the sum stays in registers, in the order
+      // of the general path below, with no second barrier (red_v is next written after the
+      // main loop's barrier).
+      if (warp == 0) {
+        float v;
+        int i;
+        merged(lane, v, i);
+        write_sum(qfirst, row_term(lane, true, qfirst, t0 + lane, v, i));
+      }
+      return;
+    }
+    for (int r = tid; r < BM; r += Cfg::kThreads) {
+      float v;
+      int i;
+      merged(r, v, i);
       if (splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
         if (r < p.max_lq) {
           const size_t at = (size_t(item_out(item, qfirst)) * splits + split) * p.max_lq + r;
@@ -489,27 +527,14 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         }
         continue;
       }
-      const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
-      const bool valid = row_ok[r];
-      if constexpr (kArgmax) {
-        if (ql < grid.qpb && qi < num_q && t < p.max_lq)
-          p.argmax[item_out(item, qi) * p.max_lq + t] = valid ? i : -1;
-      }
-      const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-      row_val[r] = valid && found ? v * row_scale[r] : 0.f;
+      const int ql = r / rpq;
+      row_val[r] = row_term(r, ql < grid.qpb, qfirst + ql, t0 + r % rpq, v, i);
     }
     __syncthreads();
     for (int ql = warp; splits == 1 && ql < grid.qpb; ql += WM * WN) {
-      const int qi = qfirst + ql;
       float s = 0.f;
       for (int r = ql * rpq + lane; r < min(BM, (ql + 1) * rpq); r += 32) s += row_val[r];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0 && qi < num_q) {
-        const int64_t out = item_out(item, qi);
-        if (grid.m_tiles > 1) p.partial[int64_t(mt) * pm.num_pairs + out] = s;
-        else p.scores[out] = s;
-      }
+      write_sum(qfirst + ql, s);
     }
   };
 
