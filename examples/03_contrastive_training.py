@@ -22,6 +22,7 @@ itself in the same way under Adam when only its summation order changes (einsum 
 
 import argparse
 import copy
+import json
 import sys
 import time
 from pathlib import Path
@@ -118,7 +119,13 @@ def main():
                    help="sgd keeps the --compare curves equal to rounding; adam lets them drift")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--temperature", type=float, default=0.05)
+    p.add_argument("--replot", metavar="FILE",
+                   help="print and plot the curves saved in FILE (a run's JSON); train nothing")
     args = p.parse_args()
+    if args.replot:
+        record = json.loads(Path(args.replot).read_text())
+        record["out"] = str(Path(args.replot).parent)
+        return report(record)
     args.steps = args.steps or (40 if args.quick else 200)
     args.batch = args.batch or (16 if args.quick else 64)
     args.vocab, args.lq, args.ld, args.topic = 4096, 16, 64, 4
@@ -146,26 +153,41 @@ def main():
         first, last = losses[0], sum(losses[-10:]) / len(losses[-10:])
         print(f"{name:<22} loss {first:.4f} -> {last:.4f} (mean of the last 10 steps), {sec:.1f} s")
 
-    if args.compare:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    record = dict(device=gpu,
+                  batch=args.batch, steps=args.steps, optimizer=args.optimizer, curves=curves,
+                  out=str(out))
+    (out / "03_contrastive_training.json").write_text(json.dumps(record))
+    report(record)
+
+
+def report(record):
+    """Print the comparison and plot the curves (and their difference, with two curves)."""
+    curves, steps = record["curves"], record["steps"]
+    diffs = None
+    if len(curves) == 2:
         a, b = curves.values()
         diffs = [abs(x - y) for x, y in zip(a, b)]
-        every = max(1, args.steps // 10)
-        for s in range(0, args.steps, every):
+        every = max(1, steps // 10)
+        for s in range(0, steps, every):
             print(f"  step {s:>4}: maxsim {a[s]:.6f}  naive {b[s]:.6f}  |diff| {diffs[s]:.2e}")
-        worst = max(range(args.steps), key=diffs.__getitem__)
-        print(f"max |loss difference| over all {args.steps} steps: {diffs[worst]:.2e} "
+        worst = max(range(steps), key=diffs.__getitem__)
+        print(f"max |loss difference| over all {steps} steps: {diffs[worst]:.2e} "
               f"(step {worst}); the first 10 steps: {max(diffs[:10]):.2e}")
-        if args.optimizer == "adam":
+        if record["optimizer"] == "adam":
             print("(equal to fp32 rounding at first; the module docstring says why Adam drifts)")
-
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot (the curves are in the JSON file; "
+              "`--replot FILE` draws them where it is)")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    panels = 2 if args.compare else 1
+    panels = 2 if diffs else 1
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), constrained_layout=True,
                              squeeze=False)
     ax = axes[0, 0]
@@ -174,16 +196,17 @@ def main():
     ax.set_xlabel("step")
     ax.set_ylabel("in-batch cross-entropy")
     ax.set_yscale("log")
-    ax.set_title(f"contrastive training, batch {args.batch}, {args.optimizer}, {device.type}")
+    ax.set_title(f"contrastive training, batch {record['batch']}, {record['optimizer']}, "
+                 f"{record['device']}")
     ax.legend()
-    if args.compare:
+    if diffs:
         ax = axes[0, 1]
         ax.plot([max(d, 1e-9) for d in diffs], ".", markersize=3)
         ax.set_xlabel("step")
         ax.set_ylabel("|loss(maxsim) - loss(naive)|")
         ax.set_yscale("log")
         ax.set_title("difference between the curves (floored at 1e-9)")
-    path = out / "03_contrastive_training.png"
+    path = Path(record["out"]) / "03_contrastive_training.png"
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
 

@@ -17,7 +17,8 @@ EXAMPLES = ROOT / "examples"
 CASES = {
     "01_quickstart.py": ([], []),
     "02_alignment.py": ([], ["02_alignment.png"]),
-    "03_contrastive_training.py": (["--compare"], ["03_contrastive_training.png"]),
+    "03_contrastive_training.py": (["--compare"],
+                                   ["03_contrastive_training.png", "03_contrastive_training.json"]),
     "04_memory.py": ([], ["04_memory.png"]),
     "05_quantized_index.py": ([], ["05_quantized_index.png"]),
 }
