@@ -167,15 +167,46 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     return begin < end ? TileSpan{begin, end, min(g.len, end * BN)} : TileSpan{0, 1, 0};
   };
 
+  // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
+  const int chunks_p2 = d_chunks <= 8 ? 8 : d_chunks <= 16 ? 16 : 32;
+  const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
+  const bool copies = my_chunk < d_chunks;
+  // Rows [row0, row0 + rows_in) of document `doc` (clipped to the tile) into stage `stage`.
+  auto copy_rows = [&](int stage, int doc, int64_t first_row, int row0, int rows_in) {
+    if (!copies) return;
+    // A thread's rows are row_step apart, a multiple of 8 wherever the tile is swizzled, so
+    // its chunk's place in every row is the same.
+    DElem* dst = d_s + stage * BN * ldd +
+                 (kCodes ? my_chunk * Cfg::kChunkElems : chunk_at(tid / chunks_p2, my_chunk));
+    const DElem* src0 = dg + row_elem(p.d, doc, first_row, 0) + my_chunk * Cfg::kChunkElems;
+    // Chunks past `dim` are zero-filled, since the query's zero dims would turn stale Inf or
+    // NaN into NaN inside a valid dot product.
+    const bool col_in = my_chunk * Cfg::kChunkElems < dim;
+    const int r0 = tid / chunks_p2;
+    // A running source address (one add per copy, no multiply); with the dim fixed at
+    // compile time the row step is too, and the loop unrolls into predicated copies.
+    const DElem* src = col_in ? src0 + int64_t(row0 + r0) * p.d.row_stride : dg;
+    const int64_t inc = col_in ? int64_t(row_step) * p.d.row_stride : 0;
+#pragma unroll
+    for (int i = 0; i < BN / row_step; ++i) {  // r0 < row_step: BN / row_step rows each
+      if (r0 + i * row_step < rows_in) cp_async16(dst + (r0 + i * row_step) * ldd, src, col_in ? 16 : 0);
+      src += inc;
+    }
+  };
+  // A padded document's first tile is requested before anything is looked up: its rows below
+  // pad_len are the document's own (padding past its length only reaches masked columns), so
+  // the copies need no length, and its latency overlaps the length and query loads.
+  bool early_pending = !kWg && p.d.offsets == nullptr && splits == 1;
+  if (early_pending) copy_rows(0, item_doc(item_begin), 0, 0, p.d.pad_len);
+
   // ---- producer: walks (item, tile) ahead of the consumer
   int p_item = item_begin;
   Segment p_seg = segment_of(p.d, item_doc(p_item));
   int p_tile = span_of(p_seg).begin;
 
-  // Load of the query rows (zero rows past a segment or past the batch). `async`: 16-bit tiles
-  // copy the rows with cp.async, joined to the first document stage's group, so that the query's
-  // latency overlaps the first tile's instead of preceding it.
-  auto load_queries = [&](int qfirst, bool async) {
+  // Which query rows count, and their scales: read in the epilogue only, so at the start they
+  // are looked up after the first copies are issued.
+  auto load_row_flags = [&](int qfirst) {
     for (int r = tid; r < BM; r += Cfg::kThreads) {
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
       bool valid = false;
@@ -188,6 +219,11 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       row_ok[r] = valid;
       row_scale[r] = scale;
     }
+  };
+  // Load of the query rows (zero rows past a segment or past the batch). `async`: 16-bit tiles
+  // copy the rows with cp.async, joined to the first document stage's group, so that the query's
+  // latency overlaps the first tile's instead of preceding it.
+  auto load_queries = [&](int qfirst, bool async) {
     for (int c = tid; c < BM * chunks; c += Cfg::kThreads) {
       const int r = c / chunks, k = c % chunks;
       const int ql = r / rpq, t = t0 + r % rpq, qi = qfirst + ql;
@@ -223,10 +259,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // length load then runs alongside) and before the first stage is requested (same group).
   load_queries(q0, true);
   if constexpr (kWg) fence_proxy_async();  // the query tile's stores, then wgmma's reads
-  // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
-  const int chunks_p2 = d_chunks <= 8 ? 8 : d_chunks <= 16 ? 16 : 32;
-  const int my_chunk = tid % chunks_p2, row_step = Cfg::kThreads / chunks_p2;
-  const bool copies = my_chunk < d_chunks;
   // The mask bytes (and code scales) of a tile are loaded into registers when the tile is issued
   // and stored to shared memory one iteration later, so their latency hides behind a tile of work.
   bool mask_reg = true;
@@ -280,26 +312,12 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           cp_async16(dst + i * wg_step * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
           src += step;
         }
-      } else if (copies) {
-        // A thread's rows are row_step apart, a multiple of 8 wherever the tile is swizzled, so
-        // its chunk's place in every row is the same.
-        DElem* dst = d_s + stage * BN * ldd +
-                     (kCodes ? my_chunk * Cfg::kChunkElems : chunk_at(tid / chunks_p2, my_chunk));
-        const DElem* src0 = dg + row_elem(p.d, doc, p_seg.first_row, 0) + my_chunk * Cfg::kChunkElems;
+      } else if (early_pending) {
+        early_pending = false;  // this tile's rows were requested at the start
+      } else {
         // Rows past the document's valid columns are not copied at all: their stale contents
-        // only reach masked columns (valid_cols). Chunks past `dim` are zero-filled, since the
-        // query's zero dims would turn stale Inf or NaN into NaN inside a valid dot product.
-        const bool col_in = my_chunk * Cfg::kChunkElems < dim;
-        const int r0 = tid / chunks_p2, rows_in = p_span.cols - row0;
-        // A running source address (one add per copy, no multiply); with the dim fixed at
-        // compile time the row step is too, and the loop unrolls into predicated copies.
-        const DElem* src = col_in ? src0 + int64_t(row0 + r0) * p.d.row_stride : dg;
-        const int64_t inc = col_in ? int64_t(row_step) * p.d.row_stride : 0;
-#pragma unroll
-        for (int i = 0; i < BN / row_step; ++i) {  // r0 < row_step: BN / row_step rows each
-          if (r0 + i * row_step < rows_in) cp_async16(dst + (r0 + i * row_step) * ldd, src, col_in ? 16 : 0);
-          src += inc;
-        }
+        // only reach masked columns (valid_cols).
+        copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
       }
       if (++p_tile == p_span.end) {
         if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
@@ -317,6 +335,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     stage_mask();
     issue(s);
   }
+  load_row_flags(q0);
   // A TMA step reads its mask before its barrier: the prologue's mask stores (and the barriers'
   // initialisation) must be visible to every thread before the first step.
   if (kWg && p.d_tma) __syncthreads();
@@ -614,6 +633,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         if (qi != loaded_q) {  // pairs sorted by query reload rarely
           __syncthreads();
           load_queries(qi, false);
+          load_row_flags(qi);
           loaded_q = qi;
           __syncthreads();
         }
