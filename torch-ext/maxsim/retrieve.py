@@ -4,7 +4,7 @@ import torch
 
 from . import validation as check
 from .dispatch import forward, select_ops
-from .layouts import ALLPAIRS
+from .layouts import ALLPAIRS, PAIRS
 from .quantize import QuantizedTokens, scaled_operands
 from .settings import memory_budget_bytes
 
@@ -12,20 +12,27 @@ from .settings import memory_budget_bytes
 _CANDIDATE_BYTES = 48
 
 
-def _rank_keys(scores: torch.Tensor, first_doc: int) -> torch.Tensor:
+def _rank_keys(scores: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
     """int64 keys ordered like (score descending, document index ascending), so top-k has no ties.
 
     The fp32 bits become an order-preserving int32 (NaN above +inf, as torch.topk ranks it) in
-    the high half; the complement of the document index fills the low half.
+    the high half; the complement of the document index (``docs``, broadcast against
+    ``scores``) fills the low half.
     """
     canonical = torch.where(scores.isnan(), float("nan"), scores + 0.0)  # one NaN, and -0.0 -> +0.0
     bits = canonical.view(torch.int32)
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
-    docs = torch.arange(first_doc, first_doc + scores.size(1), device=scores.device)
     return (ordered << 32) | (0xFFFFFFFF - docs)
 
 
-def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, backend="auto"):
+def _doc_of(keys: torch.Tensor) -> torch.Tensor:
+    return 0xFFFFFFFF - (keys & 0xFFFFFFFF)
+
+
+def retrieve(
+    Q, corpus, top_k, q_mask=None, d_mask=None, *, rescore=None, candidates=None,
+    chunk_size=None, backend="auto",
+):
     """The ``top_k`` best documents of ``corpus`` for every query, ties to the lower document index.
 
     Shapes: Q ``[Nq, Lq, H]``, corpus ``[Nd, Ld, H]``, q_mask ``[Nq, Lq]``, d_mask ``[Nd, Ld]``
@@ -34,7 +41,18 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
     ``MAXSIM_TORCH_MEMORY_MB`` budget holds), merging each chunk into the running top-k.
     A quantized corpus (:func:`maxsim.quantize`) streams its 8-bit codes through the CUDA kernels
     where they apply (see :mod:`maxsim.quantize`), else it is dequantized one chunk at a time.
+
+    Two stages: with ``rescore`` (the same documents in the queries' dtype, ``[Nd, Ld, H]``, e.g.
+    the embeddings a quantized ``corpus`` was made from), the scan keeps ``candidates`` documents
+    per query (default ``min(4 * top_k, Nd)``) and their exact scores against ``rescore`` pick
+    the ``top_k``, which are the scores returned (quantized queries are dequantized for it). The
+    candidates are scored in place (pairs of query and document ids): nothing is gathered.
     """
+    if rescore is not None:
+        return _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size,
+                          backend)
+    if candidates is not None:
+        raise ValueError("candidates: only used with rescore= (the two-stage search)")
     quantized = isinstance(corpus, QuantizedTokens)
     scaled = None  # the kernels' scaled operands, worked out on an empty slice of the corpus
     if (quantized or isinstance(Q, QuantizedTokens)) and isinstance(
@@ -80,7 +98,38 @@ def retrieve(Q, corpus, top_k, q_mask=None, d_mask=None, *, chunk_size=None, bac
         )
         scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
         candidates = torch.cat([best_scores, scores], dim=1)
-        keys = torch.cat([best_keys, _rank_keys(scores, start)], dim=1)
+        docs = torch.arange(start, stop, device=scores.device)
+        keys = torch.cat([best_keys, _rank_keys(scores, docs)], dim=1)
         best_keys, position = torch.topk(keys, min(top_k, keys.size(1)), dim=1)
         best_scores = candidates.gather(1, position)
-    return best_scores, 0xFFFFFFFF - (best_keys & 0xFFFFFFFF)
+    return best_scores, _doc_of(best_keys)
+
+
+def _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size, backend):
+    """retrieve's scan for ``candidates`` documents per query, then their exact scores."""
+    rescore = check.embeddings("rescore", rescore, ("Nd", "Ld", "H"))
+    queries = Q.dequantize(rescore.dtype) if isinstance(Q, QuantizedTokens) else Q
+    queries = check.embeddings("Q", queries, ("Nq", "Lq", "H"))
+    check.same_space("Q", queries, "rescore", rescore)
+    if tuple(rescore.shape[:2]) != tuple(corpus.shape[:2]):
+        raise ValueError(
+            f"rescore: expected the corpus's [Nd, Ld] = {list(corpus.shape[:2])} in its first "
+            f"two dims, got {list(rescore.shape)}"
+        )
+    nq, lq = queries.shape[:2]
+    nd = rescore.size(0)
+    top_k = check.integer("top_k", top_k, 0, nd)
+    if candidates is None:
+        candidates = min(4 * top_k, nd)
+    candidates = check.integer("candidates", candidates, top_k, nd)
+    _, docs = retrieve(Q, corpus, candidates, q_mask, d_mask, chunk_size=chunk_size,
+                       backend=backend)
+    pair_q = torch.arange(nq, device=docs.device).repeat_interleave(candidates)
+    q = check.padded(queries, m=q_mask, mask_name="q_mask")
+    d = check.padded(rescore, m=d_mask, mask_name="d_mask")
+    flat = docs.reshape(-1).to(torch.int32)
+    scores, _ = forward(q, d, PAIRS, pair_q=pair_q.to(torch.int32), pair_d=flat, max_lq=lq,
+                        want_argmax=False, backend=backend)
+    scores = scores.view(nq, candidates)
+    best_keys, position = torch.topk(_rank_keys(scores, docs), top_k, dim=1)
+    return scores.gather(1, position), _doc_of(best_keys)
