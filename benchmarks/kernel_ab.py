@@ -39,7 +39,10 @@ CASES = {
 # The same cases with document lengths drawn from [Ld / 2, Ld] (as bench.py draws them): padding
 # rows are never read, so these time the real-token traffic of the benchmark rows.
 RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
-          "rerank_colpali_len": "rerank_colpali"}
+          "rerank_colpali_len": "rerank_colpali", "rerank_heavy_int8_len": "rerank_heavy_int8"}
+# Ragged documents described by a mask instead, with holes as PyLate's punctuation skiplist makes
+# (about one token in ten): the kernel reads the mask bytes of every tile.
+MASKED = {"rerank_heavy_mask": "rerank_heavy", "rerank_heavy_int8_mask": "rerank_heavy_int8"}
 # Contrastive training steps (forward with argmax, loss, backward; one op): name: (dtype, (queries,
 # Lq), (documents, Ld)), all pairs, diagonal targets, document lengths drawn from [Ld / 2, Ld].
 STEPS = {
@@ -82,11 +85,10 @@ def tokens(n: int, length: int, dtype: str) -> torch.Tensor:
     return x.to(DTYPES[dtype])
 
 
-def spot_error(scores, Q, D, layout, group, lengths=None) -> float:
-    """Relative error of the first queries' scores against float64 (D already dequantized)."""
-    pad = None
-    if lengths is not None:
-        pad = torch.arange(D.size(1), device=D.device)[None, :] >= lengths[:, None].long()
+def spot_error(scores, Q, D, layout, group, valid=None) -> float:
+    """Relative error of the first queries' scores against float64 (D already dequantized;
+    ``valid`` [Nd, Ld] marks the documents' real tokens)."""
+    pad = None if valid is None else ~valid
     if layout == ALL:
         nq, nd = min(4, Q.size(0)), min(8, D.size(0))
         sim = torch.einsum("qik,djk->qdij", Q[:nq].double(), D[:nd].double())
@@ -106,13 +108,18 @@ def spot_error(scores, Q, D, layout, group, lengths=None) -> float:
 
 
 def run_case(ops, name: str, reps: int, replays: int) -> dict:
-    dtype, (nq, lq), (nd, ld), layout, group, argmax, codes = CASES[RAGGED.get(name, name)]
+    base = RAGGED.get(name) or MASKED.get(name) or name
+    dtype, (nq, lq), (nd, ld), layout, group, argmax, codes = CASES[base]
     torch.manual_seed(0)
     Q = tokens(nq, lq, dtype)
-    lengths = None
-    if name in RAGGED:
+    lengths = mask = valid = None
+    if name in RAGGED or name in MASKED:
         lengths = torch.randint(max(1, ld // 2), ld + 1, (nd,), device="cuda", dtype=torch.int32)
-    rest = (None, None, None, None, lengths, None, None, None, layout, group, lq, argmax)
+        valid = torch.arange(ld, device="cuda")[None, :] < lengths[:, None].long()
+    if name in MASKED:
+        valid = valid & (torch.rand(nd, ld, device="cuda") > 0.1)
+        lengths, mask = None, valid
+    rest = (None, None, None, None, lengths, mask, None, None, layout, group, lq, argmax)
     if codes is None:
         D = tokens(nd, ld, dtype)
         def call():
@@ -125,7 +132,7 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
             return ops.fwd_scaled(Q, None, D, scale, *rest)
         n = max(8, 2 * group)
         dense = D[:n].float() * scale[:n, :, None]
-    err = spot_error(call()[0], Q, dense, layout, group, lengths)
+    err = spot_error(call()[0], Q, dense, layout, group, valid)
     return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
 
 
@@ -164,8 +171,8 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=5, help="graph replays (median)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else [*CASES, *RAGGED, *STEPS]
-    known = {**CASES, **{n: CASES[c] for n, c in RAGGED.items()}, **STEPS}
+    names = args.only.split(",") if args.only else [*CASES, *RAGGED, *MASKED, *STEPS]
+    known = {**CASES, **{n: CASES[c] for n, c in {**RAGGED, **MASKED}.items()}, **STEPS}
     unknown = [n for n in names if n not in known]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(known)}")

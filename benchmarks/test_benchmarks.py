@@ -167,6 +167,8 @@ def test_kernel_ab_cases_are_well_formed():
         if layout == kernel_ab.GROUPED:
             assert nd == nq * group, name  # every query has its own candidates
         assert min(nq, lq, nd, ld) > 0, name
+    for name, base in {**kernel_ab.RAGGED, **kernel_ab.MASKED}.items():
+        assert base in kernel_ab.CASES and name not in kernel_ab.CASES, name
     for name, (dtype, (nq, lq), (nd, ld)) in kernel_ab.STEPS.items():
         # diagonal targets: a document per query
         assert dtype in kernel_ab.DTYPES and nd >= nq > 0 and min(lq, ld) > 1, name
