@@ -5,6 +5,7 @@ Two surfaces over one op pair: the native one (``maxsim``, ``maxsim_pairs``, ``m
 Fused CUDA kernels where the extension is built, a memory-bounded PyTorch fallback elsewhere.
 """
 
+from .chamfer import chamfer
 from .compat import (
     score_candidates_padded,
     score_candidates_padded_train,
@@ -48,6 +49,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "QuantizedTokens",
+    "chamfer",
     # compatibility surface
     "score_candidates_padded",
     "score_candidates_padded_with_argmax",
