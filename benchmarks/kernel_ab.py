@@ -90,7 +90,7 @@ def spot_error(scores, Q, D, layout, group, valid=None) -> float:
     ``valid`` [Nd, Ld] marks the documents' real tokens)."""
     pad = None if valid is None else ~valid
     if layout == ALL:
-        nq, nd = min(4, Q.size(0)), min(8, D.size(0))
+        nq, nd = min(16, Q.size(0)), min(8, D.size(0))  # 16: every row of a 256-row tile
         sim = torch.einsum("qik,djk->qdij", Q[:nq].double(), D[:nd].double())
         if pad is not None:
             sim = sim.masked_fill(pad[None, :nd, None], -torch.inf)
