@@ -32,6 +32,7 @@ from .reference import (
     score_pairs_packed_with_argmax_reference,
 )
 from .retrieve import retrieve
+from .segments import maxsim_segments
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "maxsim_with_argmax",
     "maxsim_pairs",
     "maxsim_varlen",
+    "maxsim_segments",
     "retrieve",
     "MaxSimScorer",
     "contrastive_loss",
