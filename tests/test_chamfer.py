@@ -7,8 +7,8 @@ import torch
 from conftest import random_mask, values
 
 
-def reference(X, Y, x_mask=None, y_mask=None):
-    """float64 Chamfer distance per set from the full [N, M] squared distances."""
+def reference(X, Y, x_mask=None, y_mask=None, metric="l2_sq"):
+    """float64 Chamfer distance per set from the full [N, M] distances."""
     out = []
     for b in range(X.size(0)):
         x, y = X[b].double(), Y[b].double()
@@ -19,7 +19,8 @@ def reference(X, Y, x_mask=None, y_mask=None):
         if len(x) == 0 or len(y) == 0:
             out.append(torch.tensor(float("nan"), dtype=torch.float64))
             continue
-        d = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+        diff = x[:, None, :] - y[None, :, :]
+        d = diff.abs().sum(-1) if metric == "l1" else (diff**2).sum(-1)
         out.append(d.min(1).values.mean() + d.min(0).values.mean())
     return torch.stack(out)
 
@@ -69,6 +70,21 @@ def test_single_pair_empty_sets_and_identity(backend_device):
     assert torch.isfinite(got[0]) and torch.isnan(got[1])
 
 
+def test_l1_chamfer_matches_float64(backend_device, monkeypatch):
+    backend, device = backend_device
+    monkeypatch.setenv("MAXSIM_TORCH_MEMORY_MB", "0.001")  # several blocks of points per set
+    X = values((3, 29, 3), torch.float32, device).requires_grad_()
+    Y = values((3, 17, 3), torch.float32, device)
+    x_mask, y_mask = random_mask((3, 29), device), random_mask((3, 17), device)
+    got = maxsim.chamfer(X, Y, x_mask, y_mask, metric="l1", backend=backend)
+    X64 = X.detach().cpu().double().requires_grad_()
+    ref = reference(X64, Y.cpu(), x_mask.cpu(), y_mask.cpu(), metric="l1")
+    torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-5, atol=1e-5)
+    got.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(X.grad.cpu().double(), X64.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_chamfer_checks_its_arguments():
     X, Y = torch.randn(2, 5, 3), torch.randn(2, 4, 3)
     with pytest.raises(ValueError, match="Y"):
@@ -79,3 +95,5 @@ def test_chamfer_checks_its_arguments():
         maxsim.chamfer(X, Y.double())
     with pytest.raises(ValueError, match="x_mask"):
         maxsim.chamfer(X, Y, x_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="metric"):
+        maxsim.chamfer(X, Y, metric="l2")
