@@ -196,8 +196,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // A padded document's first tile is requested before anything is looked up: its rows below
   // pad_len are the document's own (padding past its length only reaches masked columns), so
   // the copies need no length, and its latency overlaps the length and query loads.
-  bool early_pending = !kWg && p.d.offsets == nullptr && splits == 1;
-  if (early_pending) copy_rows(0, item_doc(item_begin), 0, 0, p.d.pad_len);
+  const bool early = !kWg && p.d.offsets == nullptr && splits == 1;
+  if (early) copy_rows(0, item_doc(item_begin), 0, 0, p.d.pad_len);
 
   // ---- producer: walks (item, tile) ahead of the consumer
   int p_item = item_begin;
@@ -271,7 +271,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     }
     mask_stage = -1;
   };
-  auto issue = [&](int stage) {
+  // `copied`: the tile's rows are already requested (the early first tile).
+  auto issue = [&](int stage, bool copied) {
     if (p_item < item_end) {
       const int doc = item_doc(p_item);
       const TileSpan p_span = span_of(p_seg);  // recomputed: cheaper than a live register
@@ -312,9 +313,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           cp_async16(dst + i * wg_step * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
           src += step;
         }
-      } else if (early_pending) {
-        early_pending = false;  // this tile's rows were requested at the start
-      } else {
+      } else if (!copied) {
         // Rows past the document's valid columns are not copied at all: their stale contents
         // only reach masked columns (valid_cols).
         copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
@@ -333,7 +332,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     stage_mask();
-    issue(s);
+    issue(s, s == 0 && early);
   }
   load_row_flags(q0);
   // A TMA step reads its mask before its barrier: the prologue's mask stores (and the barriers'
@@ -582,7 +581,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         cp_async_wait<STAGES - 2>();
         fence_proxy_async();  // this thread's copies, then wgmma's reads
         __syncthreads();
-        issue((stage + STAGES - 1) % STAGES);
+        issue((stage + STAGES - 1) % STAGES, false);
       }
       ++steps;
       const int col0 = c_tile * BN + (lane % 4) * 2;
@@ -598,7 +597,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         // Tile t-1's stage is free once every warpgroup has waited for its wgmma: with TMA that
         // barrier (and the refill) runs while tile t's wgmma does.
         __syncthreads();
-        issue((stage + STAGES - 1) % STAGES);
+        issue((stage + STAGES - 1) % STAGES, false);
       }
       // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
       // see the wait of the previous step through the loop's back edge).
@@ -626,7 +625,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       stage_mask();
       cp_async_wait<STAGES - 2>();
       __syncthreads();
-      issue((stage + STAGES - 1) % STAGES);
+      issue((stage + STAGES - 1) % STAGES, false);
 
       if (pm.layout == kPairs && c_tile == c_span.begin) {
         const int qi = pm.pair_q[c_item];
