@@ -124,11 +124,12 @@ def _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size
     candidates = check.integer("candidates", candidates, top_k, nd)
     _, docs = retrieve(Q, corpus, candidates, q_mask, d_mask, chunk_size=chunk_size,
                        backend=backend)
-    pair_q = torch.arange(nq, device=docs.device).repeat_interleave(candidates)
+    # int32 ids, as the op takes them (queries in order: each query's tile loads once)
+    pair_q = torch.arange(nq, dtype=torch.int32, device=docs.device).repeat_interleave(candidates)
     q = check.padded(queries, m=q_mask, mask_name="q_mask")
     d = check.padded(rescore, m=d_mask, mask_name="d_mask")
-    flat = docs.reshape(-1).to(torch.int32)
-    scores, _ = forward(q, d, PAIRS, pair_q=pair_q.to(torch.int32), pair_d=flat, max_lq=lq,
+    pair_d = docs.reshape(-1).to(torch.int32)
+    scores, _ = forward(q, d, PAIRS, pair_q=pair_q, pair_d=pair_d, max_lq=lq,
                         want_argmax=False, backend=backend)
     scores = scores.view(nq, candidates)
     best_keys, position = torch.topk(_rank_keys(scores, docs), top_k, dim=1)
