@@ -35,11 +35,14 @@ CASES = {
     "fp32_rerank": ("fp32", (32, 32), (1600, 180), GROUPED, 50, False, None),
     "rerank_heavy_int8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "int8"),
     "rerank_colpali_int8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8"),
+    "rerank_heavy_fp8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "fp8"),
+    "rerank_colpali_fp8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "fp8"),
 }
 # The same cases with document lengths drawn from [Ld / 2, Ld] (as bench.py draws them): padding
 # rows are never read, so these time the real-token traffic of the benchmark rows.
 RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
-          "rerank_colpali_len": "rerank_colpali", "rerank_heavy_int8_len": "rerank_heavy_int8"}
+          "rerank_colpali_len": "rerank_colpali", "rerank_heavy_int8_len": "rerank_heavy_int8",
+          "rerank_heavy_fp8_len": "rerank_heavy_fp8"}
 # Ragged documents described by a mask instead, with holes as PyLate's punctuation skiplist makes
 # (about one token in ten): the kernel reads the mask bytes of every tile.
 MASKED = {"rerank_heavy_mask": "rerank_heavy", "rerank_heavy_int8_mask": "rerank_heavy_int8"}
@@ -126,7 +129,11 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
             return ops.fwd(Q, D, *rest, False)
         dense = D
     else:
-        D = torch.randint(-127, 128, (nd, ld, 128), device="cuda", dtype=torch.int8)
+        if codes == "int8":
+            D = torch.randint(-127, 128, (nd, ld, 128), device="cuda", dtype=torch.int8)
+        else:  # e4m3 codes of every magnitude the format has, none NaN
+            D = torch.randn(nd, ld, 128, device="cuda") * 64
+            D = D.clamp(-448, 448).to(torch.float8_e4m3fn)
         scale = torch.rand(nd, ld, device="cuda") / 127
         def call():
             return ops.fwd_scaled(Q, None, D, scale, *rest)
