@@ -101,5 +101,6 @@ def test_quantized_queries_are_rescored_dequantized(backend_device):
     scores, indices = maxsim.retrieve(q8, d8, 3, rescore=corpus, candidates=9, backend=backend)
     ref_scores, ref_indices = full_ranking(
         maxsim.maxsim(q8.dequantize(torch.float16), corpus, backend=backend), 3)
-    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=0)
+    # The pairs and the padded layout may sum a query's rows in another order on a GPU.
+    torch.testing.assert_close(scores, ref_scores, rtol=1e-6, atol=1e-6)
     assert torch.equal(indices, ref_indices)
