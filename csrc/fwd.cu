@@ -219,17 +219,18 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     // past ~8 waves. Padded documents that fill fewer than two waves are cut into column slices
     // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only); with
     // more pairs than that, the merge and the shorter slices cost more than the tail they save.
+    // 8-bit documents instead run one wave of blocks of ceil(units / slots) documents each and are
+    // never cut: a block's fixed cost is large next to their half-size bytes (H100, kernel time:
+    // ragged rerank_heavy_int8 51.8 -> 43.4 us, fp8 56.6 -> 49.3; rerank_colpali_int8 60.3 -> 53.7
+    // unsliced). 16-bit documents lose by one wave (ragged rerank_heavy 59.6 -> 69.9 us).
     const int bn = tile_dims(plan.tile).cols;
     const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
     const int64_t units = int64_t(plan.grid.q_tiles) * items;
-    if (units < 2 * slots && p.d.offsets == nullptr && plan.tile != Tile::kStream) {
+    if (units < 2 * slots && p.d.offsets == nullptr && plan.tile != Tile::kStream &&
+        p.codes == Codes::kNone) {
       const int max_splits = std::min(16, (p.d.pad_len + bn - 1) / bn / 2);
       plan.grid.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_splits, (2 * slots + units - 1) / units)));
     }
-    // 8-bit documents: one wave of blocks that take ceil(units / slots) documents each, which
-    // spreads a block's fixed cost over several documents (H100, kernel time, ragged
-    // rerank_heavy_int8 51.8 -> 43.4 us, fp8 56.6 -> 49.3). 16-bit documents lose by it
-    // (rerank_heavy 59.6 -> 69.9 us): their blocks take one document each, several only past ~8 waves.
     const int64_t per_block = p.codes != Codes::kNone ? (units + slots - 1) / slots : units / (8 * slots);
     plan.grid.docs_per_block =
         plan.grid.splits > 1 ? 1 : static_cast<int>(std::max<int64_t>(1, per_block));
