@@ -123,6 +123,25 @@ def test_cuda_step_captures_in_a_cuda_graph():
         assert torch.equal(a, b)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA_OPS, reason="needs the CUDA extension")
+def test_replayed_step_follows_new_inputs_copied_in():
+    # The README's pattern: capture once on static inputs, then copy each batch in and replay.
+    static = [values((32, 32, 128), torch.float16, "cuda"),
+              values((32, 80, 128), torch.float16, "cuda"), random_lengths(32, 80, "cuda")]
+    graph, (loss, dq, dd) = capture(
+        lambda: maxsim.contrastive_step(static[0], static[1], d_lengths=static[2]), warmup=2)
+    for _ in range(2):
+        new = [values((32, 32, 128), torch.float16, "cuda"),
+               values((32, 80, 128), torch.float16, "cuda"), random_lengths(32, 80, "cuda")]
+        for s, x in zip(static, new):
+            s.copy_(x)
+        graph.replay()
+        eager = maxsim.contrastive_step(new[0], new[1], d_lengths=new[2])
+        for a, b in zip((loss, dq, dd), eager):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_step_equals_the_autograd_loss(backend_device, dtype):
     backend, device = backend_device
