@@ -64,21 +64,19 @@ def main():
     fp16_mib = D.numel() * 2 / 2**20
     print(f"{'fp16':16s} {fp16_mib:8.2f} {'(reference: fp32 scores)':>34s}")
     rows = []
-    for fmt in ("int8", "fp8_e4m3"):
-        index = maxsim.quantize(D, fmt)
-        scores, top = maxsim.retrieve(Q, index, 10)
+
+    def report(name, mib, top):
         overlap = (top[:, :, None] == exact_top[:, None, :]).any(-1).float().mean().item()
         found = (top == source[:, None]).any(1).float().mean().item()
-        rows.append((fmt, index.nbytes / 2**20, overlap, found))
-        print(f"{fmt:16s} {index.nbytes / 2**20:8.2f} {overlap:15.3f} {found:17.3f}")
-    for fmt in ("int8", "fp8_e4m3"):
-        index = maxsim.quantize(D, fmt)
-        scores, top = maxsim.retrieve(Q, index, 10, rescore=D, candidates=40)
-        overlap = (top[:, :, None] == exact_top[:, None, :]).any(-1).float().mean().item()
-        found = (top == source[:, None]).any(1).float().mean().item()
-        name, mib = f"{fmt}+rescore", index.nbytes / 2**20 + D.numel() * 4 / 2**20
         rows.append((name, mib, overlap, found))
         print(f"{name:16s} {mib:8.2f} {overlap:15.3f} {found:17.3f}")
+
+    indexes = {fmt: maxsim.quantize(D, fmt) for fmt in ("int8", "fp8_e4m3")}
+    for fmt, index in indexes.items():
+        report(fmt, index.nbytes / 2**20, maxsim.retrieve(Q, index, 10)[1])
+    for fmt, index in indexes.items():
+        _, top = maxsim.retrieve(Q, index, 10, rescore=D, candidates=40)
+        report(f"{fmt}+rescore", index.nbytes / 2**20 + D.numel() * 4 / 2**20, top)
     exact_found = (exact_top == source[:, None]).any(1).float().mean().item()
     print(f"{'fp32':16s} {'':8s} {1.0:15.3f} {exact_found:17.3f}")
 

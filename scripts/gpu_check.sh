@@ -69,7 +69,7 @@ for stage in "${stages[@]}"; do
         compute-sanitizer --tool $tool --error-exitcode 1 python3 scripts/sanitize_cases.py 2>&1 \
           | tail -n 4 | tee -a "$OUT/sanitize.log"
       done ;;
-    *) echo "unknown stage $stage (check test integ bench hub profile ncu sanitize)"; status=2 ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize)"; status=2 ;;
   esac
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "::: $stage took $((SECONDS - start)) s"

@@ -175,6 +175,7 @@ def test_streaming_tiles(dtype, h, ld):
     )
     assert_exact(*got, *want)
 
+
 def test_stale_stage_rows_never_reach_a_score():
     """Rows past a document's valid tokens are not copied into shared memory, so a stage still
     holds an earlier document's rows there. Long documents with a NaN row alternate with short
