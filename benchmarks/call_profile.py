@@ -45,6 +45,18 @@ def host_us(fns, reps=60):
     return min(out)
 
 
+def host_floor():
+    """Host microseconds of the cheapest things a call does, on this machine: an allocation from
+    PyTorch's caching allocator and a one-element kernel launch. A call's host time over these
+    says how much of it is our own work."""
+    x = torch.zeros(1, device="cuda")
+    return {
+        "torch.empty": host_us([lambda: torch.empty(256, device="cuda")]),
+        "x.add_(1) (one launch)": host_us([lambda: x.add_(1)]),
+        "torch.add(x, 1) (alloc + launch)": host_us([lambda: torch.add(x, 1)]),
+    }
+
+
 def gpu_us(fns, reps=20):
     """(kernel microseconds per call, kernels per call, {name: (calls, us)}) after a warm-up."""
     warm_up(fns)
@@ -81,6 +93,9 @@ def main(argv=None):
     impls = [i for i in impls if i.unavailable() is None]
     dev = torch.device("cuda")
     rows = []
+    floor = {} if args.ncu else host_floor()
+    for what, us in floor.items():
+        print(f"host floor: {what:34} {us:6.1f} us")
     print(f"{'workload':16} {'impl':26} {'loop us':>8} {'host us':>8} {'gpu us':>8} "
           f"{'launches':>8}")
     for name in names:
@@ -112,8 +127,8 @@ def main(argv=None):
         del case
         torch.cuda.empty_cache()
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), rows=rows),
-                                             indent=1))
+        Path(args.out).write_text(json.dumps(
+            dict(gpu=torch.cuda.get_device_name(), host_floor_us=floor, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ bool bwd_sorts_rows(const BwdParams& p) {
   return p.d.offsets == nullptr && p.d.pad_len > 0 && p.d.pad_len <= kSortMaxRows;
 }
 
+bool bwd_fuses_ce(const BwdParams& p, int cols) {
+  const int q_rows = p.q.offsets ? p.max_lq : p.q.pad_len;
+  return p.pairs.layout != kPairs && p.q.count > 0 && q_rows > 0 && p.d.rows > 0 &&
+         bwd_sorts_rows(p) && cols <= kCeFusedCols;
+}
+
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
@@ -40,7 +46,9 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     const int q_rows = p.q.offsets ? p.max_lq : p.q.pad_len;
     const int row_blocks = (std::max(q_rows, 1) + warps - 1) / warps;
     if (p.q.count > 0 && q_rows > 0) {
-      auto dq = vec_rows(p.d, p.dim, kSlice<T>) ? bwd_dq_kernel<T, true> : bwd_dq_kernel<T, false>;
+      const bool vec = vec_rows(p.d, p.dim, kSlice<T>);
+      auto dq = p.ce.rows > 0 ? (vec ? bwd_dq_kernel<T, true, true> : bwd_dq_kernel<T, false, true>)
+                              : (vec ? bwd_dq_kernel<T, true, false> : bwd_dq_kernel<T, false, false>);
       dq<<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
     }
     if (p.d.rows > 0 && p.dd_sorted != nullptr) {

@@ -6,6 +6,7 @@
 // bit-identical results run after run.
 #pragma once
 #include <type_traits>
+#include "ce.cuh"
 #include "fwd_simt.cuh"
 
 namespace maxsim {
@@ -170,13 +171,15 @@ __device__ __forceinline__ void store_slice(T* row, int c, int dim, const float 
 // row (element offset, -1 for none) and gradient (0 for none). A warp's loop is then smem reads,
 // 8 independent 16-byte row loads per lane (16 rows per warp) and FMAs. Half-warp h adds the
 // pairs k with k % 2 == h in order; the two sums are added at the end (a + b == b + a): a fixed
-// order, deterministic.
+// order, deterministic. kCe (the training step): the pairs' gradients are the cross-entropy's,
+// computed here from the scores (warp 0 finds the query's log-sum-exp first); the query's first
+// block also writes them and the row's loss for the dD kernels (ce.cuh: the same bits as `ce`).
 constexpr int kDqStagedPairs = 256;
 constexpr int kDqStep = 16;  // staged pairs are padded to whole warp steps (2 * kGatherBatch)
 constexpr int kPairsPerPass = kBwdThreads / kBwdWarps;  // pairs one staging pass of the block covers
 constexpr int kStageBatch = 4;
 
-template <typename T, bool kVec>
+template <typename T, bool kVec, bool kCe>
 __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams p, int row_blocks) {
   constexpr int kCols = 16 * kSlice<T>;  // columns per pass
   constexpr int kBatch = kGatherBatch<kVec>;
@@ -186,6 +189,17 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
   const int t_base = (blockIdx.x % row_blocks) * kBwdWarps;
   const int w = threadIdx.x / 32, t = t_base + w;
   const int lane = threadIdx.x % 32, half = lane / 16;
+  CeRow ce{};
+  if constexpr (kCe) {  // before any early return: the query's first block writes the row
+    __shared__ CeRow ce_shared;
+    if (w == 0) {
+      ce = ce_row(p.ce, i, lane);
+      if (lane == 0) ce_shared = ce;
+      if (t_base == 0) ce_write_row(p.ce, i, lane, ce);
+    }
+    __syncthreads();
+    ce = ce_shared;
+  }
   const Segment gq = segment_of(p.q, i);
   const int t_end = min(gq.rows, p.max_lq);
   if (t_base >= t_end) return;  // the whole block is past the query
@@ -218,7 +232,8 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
             if (kk < n && tt < t_end) {
               o[u] = query_pair_out(p, i, k0 + kk);
               a[u] = p.argmax[o[u] * p.max_lq + tt];
-              g[u] = p.grad[o[u]];
+              if constexpr (kCe) g[u] = ce_grad(p.ce, ce, k0 + kk, p.ce.scores[o[u]]);
+              else g[u] = p.grad[o[u]];
             }
           }
 #pragma unroll

@@ -5,7 +5,7 @@
 //      places its own range in entry order. So every row's list is in entry order, as one warp
 //      walking all entries would leave it.
 //   2. each half-warp gathers one document row's entries' query rows and sums g * q_row in fp32
-//      in list order.
+//      in list order (in the training step, its first block also averages the row losses).
 // Each row is touched by one half-warp and only by its own entries: no atomics on values, no
 // scans of other rows' entries, and the same order (hence bits) as any other deterministic pass.
 #pragma once
@@ -125,6 +125,10 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dd_rows_kernel(const BwdPa
   __shared__ int64_t ent_at[kBwdWarps][32];  // [warp][half * 16 + entry]: -1 for none
   __shared__ float ent_g[kBwdWarps][32];
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane / 16, hl = lane % 16;
+  if (p.ce.rows > 0 && blockIdx.x == 0) {  // the training step's loss: the row losses are written
+    __shared__ float part[kMeanLanes];
+    ce_mean(p.ce, part);
+  }
   const int64_t row0 = (int64_t(blockIdx.x) * kBwdWarps + w) * 2;
   if (row0 >= p.d.rows) return;  // both of the warp's rows are past the end
   const int64_t row = row0 + half;

@@ -30,6 +30,12 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
 // dd_start and dd_count (int32 scratch: argmax.numel(), d.rows, d.rows).
 bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
+// Whether the training step's backward can compute the loss itself (p.ce) for scores of `cols`
+// columns: the dQ kernel and the dD row kernel then do the work of launch_ce's two kernels, which
+// a small step pays for in launches. Every dQ block re-reads its query's scores, so only up to
+// kCeFusedCols columns.
+constexpr int kCeFusedCols = 1024;
+bool bwd_fuses_ce(const BwdParams& p, int cols);
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` on the current device. The attribute
 // is a driver call on every launch otherwise; each kernel (template argument) remembers, per

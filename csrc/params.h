@@ -60,6 +60,17 @@ struct FwdGrid {
                       // each writes its rows' maxima to p.partial and a second kernel merges them
 };
 
+// Cross-entropy over the rows of fp32 scores [rows, cols] (row i's target: targets[i], or i).
+struct CeParams {
+  const float* scores = nullptr;
+  const int64_t* targets = nullptr;  // [rows] or null (the diagonal)
+  int rows = 0, cols = 0;
+  float scale = 1.f;                 // logits = scores * scale (1 / temperature)
+  float* row_loss = nullptr;         // [rows] scratch
+  float* loss = nullptr;             // 0-d: mean over rows
+  float* grad = nullptr;             // [rows, cols]: d loss / d scores
+};
+
 struct BwdParams {
   TokenSet q, d;
   PairMap pairs;
@@ -78,18 +89,12 @@ struct BwdParams {
   int* dd_sorted = nullptr;         // [num_pairs * max_lq] entry ids, grouped by row
   int* dd_start = nullptr;          // [d.rows] first position of the row's entries
   int* dd_count = nullptr;          // [d.rows] how many
+  // The training step's fused loss (ce.rows > 0): the dQ kernel computes the gradient of the
+  // scores (ce.scores) itself and writes it to ce.grad (which `grad` then points to) with the
+  // row losses; the dD row kernel's first block writes their mean to ce.loss.
+  CeParams ce;
 };
 
-// Cross-entropy over the rows of fp32 scores [rows, cols] (row i's target: targets[i], or i).
-struct CeParams {
-  const float* scores = nullptr;
-  const int64_t* targets = nullptr;  // [rows] or null (the diagonal)
-  int rows = 0, cols = 0;
-  float scale = 1.f;                 // logits = scores * scale (1 / temperature)
-  float* row_loss = nullptr;         // [rows] scratch
-  float* loss = nullptr;             // 0-d: mean over rows
-  float* grad = nullptr;             // [rows, cols]: d loss / d scores
-};
 
 }  // namespace maxsim
 

@@ -234,13 +234,60 @@ std::tuple<Tensor, Tensor> group_pairs(const Tensor& ids, int64_t count) {
   return {order.contiguous(), ptr.contiguous()};
 }
 
-std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Tensor& d_in,
-                               const Tensor& argmax, const OptTensor& q_offsets,
-                               const OptTensor& d_offsets, const OptTensor& pair_q,
-                               const OptTensor& pair_d, int64_t layout, int64_t group) {
+// `ce`'s inputs as the kernels take them, and its outputs. The training step keeps the gradient
+// of the scores (not returned) and the row losses in one allocation.
+struct CeBuffers {
+  Tensor scores, targets, loss, grad, work;
+  maxsim::CeParams p;
+};
+
+CeBuffers ce_buffers(const Tensor& scores_in, const OptTensor& targets, double scale, bool grad_out) {
+  TORCH_CHECK(scores_in.is_cuda() && scores_in.dim() == 2, "maxsim: ce expects CUDA scores [rows, cols]");
+  CeBuffers b;
+  b.scores = scores_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(b.scores.size(0) < (int64_t(1) << 31) && b.scores.size(1) < (int64_t(1) << 31),
+              "maxsim: ce supports < 2^31 rows and columns");
+  maxsim::CeParams& p = b.p;
+  p.scores = b.scores.data_ptr<float>();
+  p.rows = static_cast<int>(b.scores.size(0));
+  p.cols = static_cast<int>(b.scores.size(1));
+  p.scale = static_cast<float>(scale);
+  if (targets.has_value()) {
+    b.targets = targets->to(at::kLong).contiguous();
+    TORCH_CHECK(b.targets.device() == b.scores.device() && b.targets.numel() == p.rows,
+                "maxsim: ce targets must be [rows] on the scores' device");
+    p.targets = b.targets.data_ptr<int64_t>();
+  }
+  const auto f32 = b.scores.options();
+  b.loss = at::empty({}, f32);
+  const int64_t cells = b.scores.numel();
+  if (grad_out) {
+    b.grad = at::empty_like(b.scores);
+    b.work = at::empty({p.rows}, f32);
+    p.grad = b.grad.data_ptr<float>();
+    p.row_loss = b.work.data_ptr<float>();
+  } else {
+    b.work = at::empty({cells + p.rows}, f32);
+    p.grad = b.work.data_ptr<float>();
+    p.row_loss = p.grad + cells;
+  }
+  p.loss = b.loss.data_ptr<float>();
+  if (p.rows == 0) b.loss.fill_(NAN);  // the mean of no rows, as torch's cross_entropy
+  return b;
+}
+
+// The backward of `fwd` from its argmax. The gradient of the scores is `grad`, or, in the
+// training step, the loss's (`ce`, not yet computed): the backward kernels then compute it on
+// their way where they can (maxsim::bwd_fuses_ce), else `ce`'s own kernels run first.
+std::tuple<Tensor, Tensor> bwd_impl(const Tensor* grad, const maxsim::CeParams* ce,
+                                    const Tensor& q_in, const Tensor& d_in, const Tensor& argmax,
+                                    const OptTensor& q_offsets, const OptTensor& d_offsets,
+                                    const OptTensor& pair_q, const OptTensor& pair_d,
+                                    int64_t layout, int64_t group) {
   check_pair(q_in, d_in);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const Tensor q = q_in.contiguous(), d = d_in.contiguous();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   maxsim::BwdParams p;
   p.q = token_set(q, q_offsets, std::nullopt, std::nullopt, "queries");
   p.d = token_set(d, d_offsets, std::nullopt, std::nullopt, "documents");
@@ -253,9 +300,17 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   // The dD kernel indexes a document's (pair, token) entries with 32-bit integers.
   TORCH_CHECK(argmax.numel() < (int64_t(1) << 31), "maxsim: backward supports < 2^31 argmax entries per call");
   if (q.dim() == 3) TORCH_CHECK(p.max_lq == q.size(1), "maxsim: argmax width must equal the padded query length");
-  const Tensor g = grad.to(at::kFloat).contiguous();
-  TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
-  p.grad = g.data_ptr<float>();
+  Tensor g;
+  if (ce != nullptr) {
+    TORCH_CHECK(int64_t(ce->rows) * ce->cols == p.pairs.num_pairs, "maxsim: the loss's scores do not match the pairs");
+    if (maxsim::bwd_fuses_ce(p, ce->cols)) p.ce = *ce;
+    else maxsim::launch_ce(*ce, stream);
+    p.grad = ce->grad;
+  } else {
+    g = grad->to(at::kFloat).contiguous();
+    TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
+    p.grad = g.data_ptr<float>();
+  }
   p.argmax = argmax.data_ptr<int>();
   Tensor by_q, q_ptr, by_d, d_ptr;
   if (layout == maxsim::kPairs) {
@@ -278,43 +333,29 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
     p.dd_start = p.dd_sorted + argmax.numel();
     p.dd_count = p.dd_start + p.d.rows;
   }
-  maxsim::launch_bwd(p, dtype_of(q), device_info(), at::cuda::getCurrentCUDAStream());
+  maxsim::launch_bwd(p, dtype_of(q), device_info(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dq, dd};
 }
 
-std::tuple<Tensor, Tensor> ce(const Tensor& scores_in, const OptTensor& targets, double scale) {
-  TORCH_CHECK(scores_in.is_cuda() && scores_in.dim() == 2, "maxsim: ce expects CUDA scores [rows, cols]");
-  const c10::cuda::CUDAGuard guard(scores_in.device());
-  const Tensor scores = scores_in.to(at::kFloat).contiguous();
-  TORCH_CHECK(scores.size(0) < (int64_t(1) << 31) && scores.size(1) < (int64_t(1) << 31),
-              "maxsim: ce supports < 2^31 rows and columns");
-  maxsim::CeParams p;
-  p.scores = scores.data_ptr<float>();
-  p.rows = static_cast<int>(scores.size(0));
-  p.cols = static_cast<int>(scores.size(1));
-  p.scale = static_cast<float>(scale);
-  Tensor t;
-  if (targets.has_value()) {
-    t = targets->to(at::kLong).contiguous();
-    TORCH_CHECK(t.device() == scores.device() && t.numel() == p.rows,
-                "maxsim: ce targets must be [rows] on the scores' device");
-    p.targets = t.data_ptr<int64_t>();
-  }
-  const auto f32 = scores.options();
-  Tensor loss = at::empty({}, f32), grad = at::empty_like(scores);
-  Tensor row_loss = at::empty({p.rows}, f32);
-  p.row_loss = row_loss.data_ptr<float>();
-  p.loss = loss.data_ptr<float>();
-  p.grad = grad.data_ptr<float>();
-  if (p.rows == 0) loss.fill_(NAN);  // the mean of no rows, as torch's cross_entropy
-  maxsim::launch_ce(p, at::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {loss, grad};
+std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q, const Tensor& d,
+                               const Tensor& argmax, const OptTensor& q_offsets,
+                               const OptTensor& d_offsets, const OptTensor& pair_q,
+                               const OptTensor& pair_d, int64_t layout, int64_t group) {
+  return bwd_impl(&grad, nullptr, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group);
 }
 
-// A whole contrastive training step without autograd: scores with argmax, the loss and its
-// gradient with respect to the scores, then the gradients of q and d.
+std::tuple<Tensor, Tensor> ce(const Tensor& scores, const OptTensor& targets, double scale) {
+  CeBuffers b = ce_buffers(scores, targets, scale, /*grad_out=*/true);  // checks: CUDA scores
+  const c10::cuda::CUDAGuard guard(scores.device());
+  maxsim::launch_ce(b.p, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {b.loss, b.grad};
+}
+
+// A whole contrastive training step without autograd: scores with argmax, then the backward,
+// which computes the loss and its gradient with respect to the scores on its way (four launches
+// where bwd_fuses_ce allows, six otherwise).
 std::tuple<Tensor, Tensor, Tensor> contrastive_step(
     const Tensor& q, const Tensor& d, const OptTensor& q_offsets, const OptTensor& q_lengths,
     const OptTensor& q_mask, const OptTensor& d_offsets, const OptTensor& d_lengths,
@@ -323,10 +364,11 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step(
   TORCH_CHECK(layout != maxsim::kPairs, "maxsim: contrastive_step takes all-pairs or grouped scores");
   auto [scores, argmax] = fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
                               std::nullopt, std::nullopt, layout, group, max_lq, true, false);
-  auto [loss, grad] = ce(scores, targets, scale);
-  auto [dq, dd] = bwd(grad, q, d, argmax, q_offsets, d_offsets, std::nullopt, std::nullopt, layout,
-                      group);
-  return {loss, dq, dd};
+  const c10::cuda::CUDAGuard guard(q.device());
+  CeBuffers ce = ce_buffers(scores, targets, scale, /*grad_out=*/false);
+  auto [dq, dd] = bwd_impl(nullptr, &ce.p, q, d, argmax, q_offsets, d_offsets, std::nullopt,
+                           std::nullopt, layout, group);
+  return {ce.loss, dq, dd};
 }
 
 // ---- autograd, in C++: a call that needs no gradient pays only the dispatcher's check, and one

@@ -5,9 +5,12 @@ two backward kernels, with a single autograd node per op.
 
 import math
 
+import torch
+
 from . import validation as check
 from .dispatch import select_ops
-from .native import maxsim, padded_sets
+from .layouts import ALLPAIRS
+from .native import _plain_sets, maxsim, padded_sets
 from .quantize import resolve
 from .settings import debug_enabled
 
@@ -50,16 +53,21 @@ def contrastive_step(
     optimizer directly.
     """
     _check_temperature(temperature)
-    Q, D = resolve(Q, D)  # gradients are of the dequantized tokens
-    q, d, layout, group = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths)
-    nq = q.x.size(0)
-    cols = d.x.size(0) if D.dim() == 3 else group
-    targets = _check_targets(targets, D, (nq, cols), q.x.device)
-    loss, dq, dd = select_ops(q.x.device, backend).contrastive_step(
-        q.x, d.x, q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, layout, group,
-        q.x.size(1), targets, 1.0 / temperature,
+    debug = debug_enabled()
+    plain = _plain_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths, debug)
+    if plain is None:
+        Q, D = resolve(Q, D)  # gradients are of the dequantized tokens
+        plain = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths)
+    q, d, layout, group = plain
+    qx = q.x
+    nq = qx.size(0)
+    cols = d.x.size(0) if layout == ALLPAIRS else group
+    targets = _check_targets(targets, D, (nq, cols), qx.device, debug)
+    loss, dq, dd = select_ops(qx.device, backend).contrastive_step(
+        qx, d.x, q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, layout, group,
+        qx.size(1), targets, 1.0 / temperature,
     )
-    return loss, dq, dd.view(D.shape)
+    return loss, dq, (dd if layout == ALLPAIRS else dd.view(D.shape))
 
 
 def _check_temperature(temperature):
@@ -69,8 +77,9 @@ def _check_temperature(temperature):
         raise ValueError(f"temperature: expected a positive finite number, got {temperature!r}")
 
 
-def _check_targets(targets, D, shape, device):
-    """``targets`` checked against scores of ``shape``; returned as given (int64 passes as is)."""
+def _check_targets(targets, D, shape, device, debug=None):
+    """``targets`` checked against scores of ``shape``; returned as given (int64 passes as is).
+    ``debug``: :func:`debug_enabled`, when the caller has read it already."""
     nq, cols = shape
     if targets is None:
         if D.dim() == 4:
@@ -84,8 +93,12 @@ def _check_targets(targets, D, shape, device):
                 f"got {nq} queries and {cols} documents; pass targets"
             )
     else:
-        check.require_index("targets", targets, (nq,), device)  # the op takes either as is
-        if debug_enabled() and nq:
+        if (
+            type(targets) is not torch.Tensor or targets.device != device
+            or targets.dtype not in check.INDEX_DTYPES or targets.shape != (nq,)
+        ):
+            check.require_index("targets", targets, (nq,), device)  # raises what is wrong
+        if (debug_enabled() if debug is None else debug) and nq:
             check.check_range("targets", targets, 0, cols - 1, f"a document index in [0, {cols})")
     if cols == 0 and nq:
         raise ValueError("D: expected at least one document (or candidate) per query, got none")

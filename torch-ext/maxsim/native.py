@@ -33,20 +33,21 @@ def operands(Q, D, normalize, backend):
     return Q, D, None, None
 
 
-def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths):
+def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None):
     """:func:`padded_sets` of the most common call (plain tensors of one float dtype, no masks, no
     normalisation, no autocast, int32 document lengths or none) without the layers of checks, or
     None when the call is anything else (the full path then checks it and raises what it must).
-    The host work of a small call is its whole time."""
+    The host work of a small call is its whole time. ``debug``: :func:`debug_enabled`, when the
+    caller has read it already."""
     if (
         normalize or q_mask is not None or d_mask is not None or q_lengths is not None
         or type(Q) is not torch.Tensor or type(D) is not torch.Tensor
     ):
         return None
-    dtype, rank = Q.dtype, D.dim()
+    dtype, rank, dim = Q.dtype, D.dim(), Q.size(-1)
     if (
         D.dtype != dtype or dtype not in check.FLOAT_DTYPES or Q.dim() != 3 or rank not in (3, 4)
-        or Q.stride(-1) != 1 or D.stride(-1) != 1 or Q.size(-1) != D.size(-1) or Q.size(-1) == 0
+        or D.size(-1) != dim or dim == 0 or Q.stride(-1) != 1 or D.stride(-1) != 1
         or (rank == 4 and D.size(0) != Q.size(0))
     ):
         return None
@@ -56,16 +57,15 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths):
     if d_lengths is not None:
         if (
             type(d_lengths) is not torch.Tensor or d_lengths.dtype != torch.int32
-            or d_lengths.shape != D.shape[: rank - 2] or d_lengths.device != device
-            or not d_lengths.is_contiguous() or debug_enabled()
+            or d_lengths.device != device or d_lengths.shape != D.shape[: rank - 2]
+            or not d_lengths.is_contiguous() or (debug_enabled() if debug is None else debug)
         ):
             return None
         if rank == 4:
             d_lengths = d_lengths.view(-1)
-    q = TokenSet(Q)
     if rank == 3:
-        return q, TokenSet(D, lengths=d_lengths), ALLPAIRS, 0
-    return q, TokenSet(D.flatten(0, 1), lengths=d_lengths), GROUPED, D.size(1)
+        return TokenSet(Q), TokenSet(D, None, d_lengths), ALLPAIRS, 0
+    return TokenSet(Q), TokenSet(D.flatten(0, 1), None, d_lengths), GROUPED, D.size(1)
 
 
 def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None, backend="auto"):
