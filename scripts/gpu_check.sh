@@ -2,7 +2,8 @@
 # Everything a GPU machine runs, in one call: build + kernel checks, the test suite, the
 # benchmark, the hub-variant check, the call profile, an ncu summary. Logs and results go to $OUT.
 #
-#   bash scripts/gpu_check.sh [stage ...]      stages: check test integ bench hub profile ncu
+#   [BENCH_ARGS=...] bash scripts/gpu_check.sh [stage ...]
+#                                             stages: check test integ bench hub profile ncu
 #                                             ncu_rerank sanitize
 #                                             (default: check test bench)
 #
@@ -42,7 +43,12 @@ for stage in "${stages[@]}"; do
         2>&1 | tail -n 5 | tee -a "$OUT/integ.log"
       PYTHONPATH="/tmp/integ:$PYTHONPATH" python3 benchmarks/pylate_step.py \
         --out "$OUT/pylate_step.json" 2>&1 | tail -n 6 | tee -a "$OUT/integ.log" ;;
-    bench) python3 benchmarks/bench.py --out "$OUT/bench.json" 2>&1 | tail -n 80 | tee "$OUT/bench.log" ;;
+    bench)
+      # BENCH_ARGS selects rows (e.g. "--only train_small"); a selection merges into
+      # $OUT/bench.json, so copy bench_results/<gpu>.json there first to keep the other rows.
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench.py --out "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tail -n 80 \
+        | tee "$OUT/bench.log" ;;
     hub) python3 scripts/hub_check.py --build 2>&1 | grep -v "warning" | tail -n 20 | tee "$OUT/hub.log" ;;
     profile) python3 benchmarks/call_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" ;;
     ncu)

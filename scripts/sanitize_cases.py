@@ -6,7 +6,8 @@
 Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
 with enough document tiles) and CUDA-core forward tiles, column slices with
 their merge, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
-quantized queries), argmax, every backward kernel (dQ, sorted and packed dD) and the loss."""
+quantized queries), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
+backward, and on its own)."""
 
 import os
 import sys
@@ -52,6 +53,8 @@ def main():
     Q = tokens(4, 12, 64).requires_grad_()
     D = tokens(6, 40, 64).requires_grad_()
     maxsim.contrastive_step(Q.detach(), D[:4].detach(), d_lengths=lens[:4].clamp(1))
+    maxsim.contrastive_step(tokens(2, 8, 64), tokens(1100, 6, 64))  # too many columns to fuse
+    maxsim.contrastive_loss(Q, D[:4], d_lengths=lens[:4].clamp(1)).backward()  # the ce op
     maxsim.maxsim(Q, D).sum().backward()
     cu_q = torch.tensor([0, 5, 12], device="cuda", dtype=torch.int32)
     cu_d = torch.tensor([0, 7, 30, 31], device="cuda", dtype=torch.int32)
