@@ -119,12 +119,28 @@ void check_pair(const Tensor& q, const Tensor& d) {
   TORCH_CHECK(q.size(-1) == d.size(-1), "maxsim: queries and documents differ in embedding dim");
 }
 
+// Plans and launches the forward of `p`, its outputs (scores, argmax) already in place.
+void launch_planned(maxsim::FwdParams& p, const Tensor& like, maxsim::DType dt) {
+  const maxsim::DeviceInfo dev = device_info();
+  const maxsim::FwdPlan plan = maxsim::plan_fwd(p, dt, dev);
+  if (p.codes != maxsim::Codes::kNone)
+    TORCH_CHECK(plan.tile != maxsim::Tile::kSimt,
+                "maxsim: 8-bit documents need an sm_80+ GPU, an embedding dim that is a multiple "
+                "of 16 (at most 256) and 16-byte aligned rows");
+  Tensor partial;
+  if (plan.workspace_floats > 0) {
+    partial = at::empty({static_cast<int64_t>(plan.workspace_floats)}, like.options().dtype(at::kFloat));
+    p.partial = partial.data_ptr<float>();
+  }
+  maxsim::launch_fwd(p, plan, dt, dev, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // Scores (and argmax) of `p` with its token sets, pair map, dim and max_lq already filled in.
 std::tuple<Tensor, Tensor> run_fwd(maxsim::FwdParams& p, const Tensor& q, maxsim::DType dt,
                                    const std::vector<int64_t>& shape, int64_t max_lq,
                                    bool with_argmax) {
-  const auto f32 = q.options().dtype(at::kFloat);
-  Tensor scores = at::empty(shape, f32);
+  Tensor scores = at::empty(shape, q.options().dtype(at::kFloat));
   Tensor argmax;
   if (with_argmax) {
     auto ashape = shape;
@@ -135,19 +151,7 @@ std::tuple<Tensor, Tensor> run_fwd(maxsim::FwdParams& p, const Tensor& q, maxsim
     argmax = at::empty({0}, q.options().dtype(at::kInt));
   }
   p.scores = scores.data_ptr<float>();
-  const maxsim::DeviceInfo dev = device_info();
-  const maxsim::FwdPlan plan = maxsim::plan_fwd(p, dt, dev);
-  if (p.codes != maxsim::Codes::kNone)
-    TORCH_CHECK(plan.tile != maxsim::Tile::kSimt,
-                "maxsim: 8-bit documents need an sm_80+ GPU, an embedding dim that is a multiple "
-                "of 16 (at most 256) and 16-byte aligned rows");
-  Tensor partial;
-  if (plan.workspace_floats > 0) {
-    partial = at::empty({static_cast<int64_t>(plan.workspace_floats)}, f32);
-    p.partial = partial.data_ptr<float>();
-  }
-  maxsim::launch_fwd(p, plan, dt, dev, at::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_planned(p, q, dt);
   return {scores, argmax};
 }
 
@@ -234,84 +238,68 @@ std::tuple<Tensor, Tensor> group_pairs(const Tensor& ids, int64_t count) {
   return {order.contiguous(), ptr.contiguous()};
 }
 
-// `ce`'s inputs as the kernels take them, and its outputs. The training step keeps the gradient
-// of the scores (not returned) and the row losses in one allocation.
-struct CeBuffers {
-  Tensor scores, targets, loss, grad, work;
-  maxsim::CeParams p;
-};
-
-CeBuffers ce_buffers(const Tensor& scores_in, const OptTensor& targets, double scale, bool grad_out) {
-  TORCH_CHECK(scores_in.is_cuda() && scores_in.dim() == 2, "maxsim: ce expects CUDA scores [rows, cols]");
-  CeBuffers b;
-  b.scores = scores_in.to(at::kFloat).contiguous();
-  TORCH_CHECK(b.scores.size(0) < (int64_t(1) << 31) && b.scores.size(1) < (int64_t(1) << 31),
-              "maxsim: ce supports < 2^31 rows and columns");
-  maxsim::CeParams& p = b.p;
-  p.scores = b.scores.data_ptr<float>();
-  p.rows = static_cast<int>(b.scores.size(0));
-  p.cols = static_cast<int>(b.scores.size(1));
-  p.scale = static_cast<float>(scale);
-  if (targets.has_value()) {
-    b.targets = targets->to(at::kLong).contiguous();
-    TORCH_CHECK(b.targets.device() == b.scores.device() && b.targets.numel() == p.rows,
-                "maxsim: ce targets must be [rows] on the scores' device");
-    p.targets = b.targets.data_ptr<int64_t>();
-  }
-  const auto f32 = b.scores.options();
-  b.loss = at::empty({}, f32);
-  const int64_t cells = b.scores.numel();
-  if (grad_out) {
-    b.grad = at::empty_like(b.scores);
-    b.work = at::empty({p.rows}, f32);
-    p.grad = b.grad.data_ptr<float>();
-    p.row_loss = b.work.data_ptr<float>();
-  } else {
-    b.work = at::empty({cells + p.rows}, f32);
-    p.grad = b.work.data_ptr<float>();
-    p.row_loss = p.grad + cells;
-  }
-  p.loss = b.loss.data_ptr<float>();
-  if (p.rows == 0) b.loss.fill_(NAN);  // the mean of no rows, as torch's cross_entropy
-  return b;
+// Row targets of `ce` as int64 on the scores' device (None: the diagonal).
+Tensor ce_targets(const OptTensor& targets, const Tensor& like, int64_t rows) {
+  if (!targets.has_value()) return Tensor();
+  Tensor t = targets->scalar_type() == at::kLong && targets->is_contiguous()
+                 ? *targets : targets->to(at::kLong).contiguous();
+  TORCH_CHECK(t.device() == like.device() && t.numel() == rows,
+              "maxsim: ce targets must be [rows] on the scores' device");
+  return t;
 }
 
-// The backward of `fwd` from its argmax. The gradient of the scores is `grad`, or, in the
-// training step, the loss's (`ce`, not yet computed): the backward kernels then compute it on
-// their way where they can (maxsim::bwd_fuses_ce), else `ce`'s own kernels run first.
-std::tuple<Tensor, Tensor> bwd_impl(const Tensor* grad, const maxsim::CeParams* ce,
-                                    const Tensor& q_in, const Tensor& d_in, const Tensor& argmax,
-                                    const OptTensor& q_offsets, const OptTensor& d_offsets,
-                                    const OptTensor& pair_q, const OptTensor& pair_d,
-                                    int64_t layout, int64_t group) {
-  check_pair(q_in, d_in);
-  const c10::cuda::CUDAGuard guard(q_in.device());
-  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+maxsim::CeParams ce_params(float* scores, int64_t rows, int64_t cols, const Tensor& targets,
+                           double scale, float* loss, float* grad, float* row_loss) {
+  TORCH_CHECK(rows < (int64_t(1) << 31) && cols < (int64_t(1) << 31),
+              "maxsim: ce supports < 2^31 rows and columns");
+  maxsim::CeParams p;
+  p.scores = scores;
+  p.targets = targets.defined() ? targets.data_ptr<int64_t>() : nullptr;
+  p.rows = static_cast<int>(rows);
+  p.cols = static_cast<int>(cols);
+  p.scale = static_cast<float>(scale);
+  p.loss = loss;
+  p.grad = grad;
+  p.row_loss = row_loss;
+  return p;
+}
+
+// The backward's token sets and pair map (its gradient and argmax are the caller's to set).
+maxsim::BwdParams bwd_params(const Tensor& q, const Tensor& d, const OptTensor& q_offsets,
+                             const OptTensor& d_offsets, const OptTensor& pair_q,
+                             const OptTensor& pair_d, int64_t layout, int64_t group,
+                             std::vector<int64_t>& shape) {
   maxsim::BwdParams p;
   p.q = token_set(q, q_offsets, std::nullopt, std::nullopt, "queries");
   p.d = token_set(d, d_offsets, std::nullopt, std::nullopt, "documents");
-  std::vector<int64_t> shape;
   p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
   p.dim = static_cast<int>(q.size(-1));
-  TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
-  TORCH_CHECK(argmax.dim() == static_cast<int64_t>(shape.size()) + 1, "maxsim: argmax has the wrong rank");
-  p.max_lq = static_cast<int>(argmax.size(-1));
+  return p;
+}
+
+// The dD sort's int32 scratch (argmax entries, then two per document row), or 0 when dD goes
+// another way.
+int64_t sort_scratch_ints(const maxsim::BwdParams& p, int64_t entries) {
+  return maxsim::bwd_sorts_rows(p) ? entries + 2 * p.d.rows : 0;
+}
+
+// Launches the backward of `p` (argmax, max_lq and grad set) into new dq, dd. The gradient of
+// the scores is p.grad, or, in the training step, the loss's (`ce`, not yet computed): the
+// backward kernels then compute it on their way where they can (maxsim::bwd_fuses_ce), else
+// `ce`'s own kernels run first. `scratch`: sort_scratch_ints(p) ints, or null to allocate them.
+std::tuple<Tensor, Tensor> run_bwd(maxsim::BwdParams& p, const Tensor& q, const Tensor& d,
+                                   int64_t layout, const OptTensor& pair_q,
+                                   const OptTensor& pair_d, const maxsim::CeParams* ce,
+                                   int* scratch) {
   // The dD kernel indexes a document's (pair, token) entries with 32-bit integers.
-  TORCH_CHECK(argmax.numel() < (int64_t(1) << 31), "maxsim: backward supports < 2^31 argmax entries per call");
-  if (q.dim() == 3) TORCH_CHECK(p.max_lq == q.size(1), "maxsim: argmax width must equal the padded query length");
-  Tensor g;
+  const int64_t entries = int64_t(p.pairs.num_pairs) * p.max_lq;
+  TORCH_CHECK(entries < (int64_t(1) << 31), "maxsim: backward supports < 2^31 argmax entries per call");
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (ce != nullptr) {
-    TORCH_CHECK(int64_t(ce->rows) * ce->cols == p.pairs.num_pairs, "maxsim: the loss's scores do not match the pairs");
     if (maxsim::bwd_fuses_ce(p, ce->cols)) p.ce = *ce;
     else maxsim::launch_ce(*ce, stream);
     p.grad = ce->grad;
-  } else {
-    g = grad->to(at::kFloat).contiguous();
-    TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
-    p.grad = g.data_ptr<float>();
   }
-  p.argmax = argmax.data_ptr<int>();
   Tensor by_q, q_ptr, by_d, d_ptr;
   if (layout == maxsim::kPairs) {
     std::tie(by_q, q_ptr) = group_pairs(*pair_q, p.q.count);
@@ -326,11 +314,14 @@ std::tuple<Tensor, Tensor> bwd_impl(const Tensor* grad, const maxsim::CeParams* 
   Tensor dd = at::empty_like(d);
   p.dq = dq.data_ptr();
   p.dd = dd.data_ptr();
-  Tensor dd_scratch;
+  Tensor own_scratch;
   if (maxsim::bwd_sorts_rows(p)) {
-    dd_scratch = at::empty({argmax.numel() + 2 * p.d.rows}, q.options().dtype(at::kInt));
-    p.dd_sorted = dd_scratch.data_ptr<int>();
-    p.dd_start = p.dd_sorted + argmax.numel();
+    if (scratch == nullptr) {
+      own_scratch = at::empty({sort_scratch_ints(p, entries)}, q.options().dtype(at::kInt));
+      scratch = own_scratch.data_ptr<int>();
+    }
+    p.dd_sorted = scratch;
+    p.dd_start = p.dd_sorted + entries;
     p.dd_count = p.dd_start + p.d.rows;
   }
   maxsim::launch_bwd(p, dtype_of(q), device_info(), stream);
@@ -338,37 +329,83 @@ std::tuple<Tensor, Tensor> bwd_impl(const Tensor* grad, const maxsim::CeParams* 
   return {dq, dd};
 }
 
-std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q, const Tensor& d,
+std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Tensor& d_in,
                                const Tensor& argmax, const OptTensor& q_offsets,
                                const OptTensor& d_offsets, const OptTensor& pair_q,
                                const OptTensor& pair_d, int64_t layout, int64_t group) {
-  return bwd_impl(&grad, nullptr, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group);
+  check_pair(q_in, d_in);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
+  std::vector<int64_t> shape;
+  maxsim::BwdParams p = bwd_params(q, d, q_offsets, d_offsets, pair_q, pair_d, layout, group, shape);
+  TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
+  TORCH_CHECK(argmax.dim() == static_cast<int64_t>(shape.size()) + 1, "maxsim: argmax has the wrong rank");
+  p.max_lq = static_cast<int>(argmax.size(-1));
+  if (q.dim() == 3) TORCH_CHECK(p.max_lq == q.size(1), "maxsim: argmax width must equal the padded query length");
+  const Tensor g = grad.to(at::kFloat).contiguous();
+  TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
+  p.grad = g.data_ptr<float>();
+  p.argmax = argmax.data_ptr<int>();
+  return run_bwd(p, q, d, layout, pair_q, pair_d, nullptr, nullptr);
 }
 
-std::tuple<Tensor, Tensor> ce(const Tensor& scores, const OptTensor& targets, double scale) {
-  CeBuffers b = ce_buffers(scores, targets, scale, /*grad_out=*/true);  // checks: CUDA scores
-  const c10::cuda::CUDAGuard guard(scores.device());
-  maxsim::launch_ce(b.p, at::cuda::getCurrentCUDAStream());
+// Softmax cross-entropy of the rows of `scores` and its gradient with respect to them.
+std::tuple<Tensor, Tensor> ce(const Tensor& scores_in, const OptTensor& targets, double scale) {
+  TORCH_CHECK(scores_in.is_cuda() && scores_in.dim() == 2, "maxsim: ce expects CUDA scores [rows, cols]");
+  const c10::cuda::CUDAGuard guard(scores_in.device());
+  const Tensor scores = scores_in.to(at::kFloat).contiguous();
+  const int64_t rows = scores.size(0);
+  const Tensor t = ce_targets(targets, scores, rows);
+  Tensor loss = at::empty({}, scores.options()), grad = at::empty_like(scores);
+  Tensor row_loss = at::empty({rows}, scores.options());
+  const maxsim::CeParams p = ce_params(scores.data_ptr<float>(), rows, scores.size(1), t, scale,
+                                       loss.data_ptr<float>(), grad.data_ptr<float>(),
+                                       row_loss.data_ptr<float>());
+  if (rows == 0) loss.fill_(NAN);  // the mean of no rows, as torch's cross_entropy
+  maxsim::launch_ce(p, at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {b.loss, b.grad};
+  return {loss, grad};
 }
 
 // A whole contrastive training step without autograd: scores with argmax, then the backward,
 // which computes the loss and its gradient with respect to the scores on its way (four launches
-// where bwd_fuses_ce allows, six otherwise).
+// where bwd_fuses_ce allows, six otherwise). What the step keeps to itself (scores, argmax, the
+// loss's gradient and row losses, the dD sort's scratch) is one allocation: the host work of a
+// small step is most of its time.
 std::tuple<Tensor, Tensor, Tensor> contrastive_step(
-    const Tensor& q, const Tensor& d, const OptTensor& q_offsets, const OptTensor& q_lengths,
+    const Tensor& q_in, const Tensor& d_in, const OptTensor& q_offsets, const OptTensor& q_lengths,
     const OptTensor& q_mask, const OptTensor& d_offsets, const OptTensor& d_lengths,
     const OptTensor& d_mask, int64_t layout, int64_t group, int64_t max_lq,
     const OptTensor& targets, double scale) {
   TORCH_CHECK(layout != maxsim::kPairs, "maxsim: contrastive_step takes all-pairs or grouped scores");
-  auto [scores, argmax] = fwd(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
-                              std::nullopt, std::nullopt, layout, group, max_lq, true, false);
-  const c10::cuda::CUDAGuard guard(q.device());
-  CeBuffers ce = ce_buffers(scores, targets, scale, /*grad_out=*/false);
-  auto [dq, dd] = bwd_impl(nullptr, &ce.p, q, d, argmax, q_offsets, d_offsets, std::nullopt,
-                           std::nullopt, layout, group);
-  return {ce.loss, dq, dd};
+  check_pair(q_in, d_in);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const Tensor q = q_in.contiguous(), d = d_in.contiguous();
+  maxsim::FwdParams fp;
+  std::vector<int64_t> shape;
+  fill_fwd(fp, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, std::nullopt,
+           std::nullopt, layout, group, max_lq, shape);
+  maxsim::BwdParams bp = bwd_params(q, d, q_offsets, d_offsets, std::nullopt, std::nullopt,
+                                    layout, group, shape);
+  bp.max_lq = fp.max_lq;
+  const int64_t rows = shape[0], cols = shape[1], n = rows * cols, entries = n * max_lq;
+  const Tensor t = ce_targets(targets, q, rows);
+  // [scores n | argmax entries | d loss / d scores n | row losses rows | sort scratch], 4-byte words
+  Tensor work = at::empty({2 * n + entries + rows + sort_scratch_ints(bp, entries)},
+                          q.options().dtype(at::kFloat));
+  float* w = work.data_ptr<float>();
+  fp.scores = w;
+  fp.argmax = reinterpret_cast<int*>(w + n);
+  launch_planned(fp, q, dtype_of(q));
+  Tensor loss = at::empty({}, q.options().dtype(at::kFloat));
+  if (rows == 0) loss.fill_(NAN);  // the mean of no rows, as torch's cross_entropy
+  float* grad = w + n + entries;
+  const maxsim::CeParams ce = ce_params(fp.scores, rows, cols, t, scale, loss.data_ptr<float>(),
+                                        grad, grad + n);
+  bp.argmax = fp.argmax;
+  auto [dq, dd] = run_bwd(bp, q, d, layout, std::nullopt, std::nullopt, &ce,
+                          reinterpret_cast<int*>(grad + n + rows));
+  return {loss, dq, dd};
 }
 
 // ---- autograd, in C++: a call that needs no gradient pays only the dispatcher's check, and one
