@@ -203,8 +203,9 @@ def free(device):
 
 
 def measure_ceilings(device, smoke):
-    """HBM: a large device-to-device copy, bytes read + written. Matmul: n^3 fp16 and bf16 products
-    on random data. Medians of 30 timed calls."""
+    """HBM: a large device-to-device copy, bytes read + written. Matmul: n^3 fp16, bf16 and fp32
+    products on random data (fp32 in full precision, no TF32: the rate exact fp32 inputs are held
+    to). Medians of 30 timed calls."""
     n_bytes = (16 << 20) if smoke else (2 << 30)
     src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -213,14 +214,19 @@ def measure_ceilings(device, smoke):
     src = dst = None
     n = 256 if smoke else 8192
     rates = {}
-    for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        a = torch.randn(n, n, device=device, dtype=dt)
-        b = torch.randn(n, n, device=device, dtype=dt)
-        ms = percentile(time_calls([lambda a=a, b=b: a @ b], device, target_s=0.3), 50)
-        rates[name] = 2 * n**3 / (ms * 1e-3) / 1e12
-        a = b = None
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            a = torch.randn(n, n, device=device, dtype=dt)
+            b = torch.randn(n, n, device=device, dtype=dt)
+            ms = percentile(time_calls([lambda a=a, b=b: a @ b], device, target_s=0.3), 50)
+            rates[name] = 2 * n**3 / (ms * 1e-3) / 1e12
+            a = b = None
+    finally:
+        torch.set_float32_matmul_precision(precision)
     free(device)
-    return {"hbm_gbps": hbm, "fp16_tflops": rates["fp16"], "bf16_tflops": rates["bf16"]}
+    return {f"{name}_tflops": rate for name, rate in rates.items()} | {"hbm_gbps": hbm}
 
 
 def floor_ms(work, dtype_name, ceil):
@@ -530,7 +536,8 @@ def main(argv=None):
     print(f"{gpu} | torch {header['torch']} | CUDA {header['cuda']} | triton {header['triton']} "
           f"| commit {commit[:12]}{' (dirty)' if dirty else ''}")
     print(f"ceilings: HBM {ceilings['hbm_gbps']:.0f} GB/s, fp16 {ceilings['fp16_tflops']:.0f} "
-          f"TFLOP/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s")
+          f"TFLOP/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, fp32 {ceilings['fp32_tflops']:.0f} "
+          "TFLOP/s")
 
     rows, workloads_meta, state = [], dict(old_workloads), {}
     skipped = []

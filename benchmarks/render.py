@@ -118,7 +118,7 @@ def header_line(doc) -> str:
     parts.append(f"commit `{commit}`")
     if c.get("hbm_gbps"):
         parts.append(f"copy {c['hbm_gbps']:,.0f} GB/s")
-    for k in ("fp16", "bf16"):
+    for k in ("fp16", "bf16", "fp32"):
         if c.get(f"{k}_tflops"):
             parts.append(f"{k} matmul {c[f'{k}_tflops']:,.0f} TFLOP/s")
     return " · ".join(parts)

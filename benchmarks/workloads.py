@@ -518,6 +518,10 @@ def _registry() -> list[Workload]:
                  about="packed, per-query candidates"))
     add(Workload("allpairs_large", "allpairs", dict(Nq=128, Nd=128, Lq=128, Ld=1024),
                  dict(Nq=4, Nd=5, Lq=8, Ld=24), about="all-pairs, ColPali shapes"))
+    # PyLate's fp32 contrastive forward at batch 128 (queries against 2B documents): fp32 inputs
+    # take the exact CUDA-core kernels, the naive path cuBLAS's fp32 GEMM (no TF32).
+    add(Workload("allpairs_fp32", "allpairs", dict(Nq=128, Nd=256, Lq=32, Ld=180),
+                 dict(Nq=3, Nd=5, Lq=4, Ld=9), dtypes=("fp32",), about="all-pairs, fp32 inputs"))
     add(Workload("train_small", "train", dict(Nq=32, Nb=32, Lq=32, Ld=80),
                  dict(Nq=3, Nb=3, Lq=4, Ld=9), about="contrastive step"))
     # Every document full length: the one case flash-maxsim's fused step takes.

@@ -247,8 +247,31 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   return plan;
 }
 
+// Whether all pairs of these inputs take fwd_simt_tile_kernel (padded fp32, Lq <= 128, dims a
+// multiple of 4 up to 128 in 16-byte aligned document rows, its shared memory within the limit).
+bool simt_tile_fits(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  return dtype == DType::kF32 && p.pairs.layout == kAllPairs && p.q.offsets == nullptr &&
+         p.d.offsets == nullptr && p.q.pad_len >= 1 && p.q.pad_len <= kTileRows && p.dim > 0 &&
+         p.dim % 4 == 0 && p.dim <= kTileMaxDim && reinterpret_cast<uintptr_t>(p.d.data) % 16 == 0 &&
+         p.d.row_stride % 4 == 0 && p.d.seg_stride % 4 == 0 &&
+         simt_tile_smem(p.dim) + 2 * kTileRows * sizeof(float) <= size_t(dev.max_smem);
+}
+
 template <bool kArgmax>
 void launch_simt(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream) {
+  if (simt_tile_fits(p, dtype, dev)) {
+    // Row tiles of whole queries x chunks of documents: about four waves of two blocks per SM.
+    const int qpb = kTileRows / p.q.pad_len;
+    const int64_t q_tiles = (p.q.count + qpb - 1) / qpb;
+    const int64_t want = std::max<int64_t>(1, int64_t(dev.num_sms) * 8 / q_tiles);
+    const int per_block = static_cast<int>((p.d.count + want - 1) / want);
+    const int chunks = (p.d.count + per_block - 1) / per_block;
+    const size_t smem = simt_tile_smem(p.dim);
+    allow_smem<fwd_simt_tile_kernel<kArgmax>>(smem);
+    fwd_simt_tile_kernel<kArgmax><<<static_cast<unsigned>(q_tiles * chunks), kTileThreads, smem,
+                                     stream>>>(p, chunks, per_block);
+    return;
+  }
   const int blocks = static_cast<int>(std::min<int64_t>(p.pairs.num_pairs, int64_t(dev.num_sms) * 32));
   auto go = [&](auto tag) {
     using T = decltype(tag);

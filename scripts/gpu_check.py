@@ -191,8 +191,9 @@ def run_checks(ops):
             n += 1
             n_ok += check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, g, pq_, pd_, masks,
                                argmax=rng.random() < 0.8)
-    # all-pairs with several short queries per row tile (the batched training layout)
-    for dtype in (torch.float16, torch.bfloat16):
+    # all-pairs with several short queries per row tile (the batched training layout; fp32: the
+    # CUDA-core register-tile kernel)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for (nq, Lq, Ld) in ((33, 32, 80), (9, 16, 50), (6, 64, 129)):
             n += 1
             n_ok += check_case(ops, rng, ALL, dtype, 128, Lq, Ld, nq, 11, False, False, True)
