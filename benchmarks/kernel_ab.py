@@ -25,6 +25,10 @@ ALL, GROUPED = 0, 1
 CASES = {
     "rerank": ("fp16", (32, 32), (1600, 180), GROUPED, 50, False, None),
     "rerank_heavy": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, None),
+    # candidates filling about 2.1 and 2.9 waves of the H100's streaming slots (rerank: 2.4)
+    "rerank_k43": ("fp16", (32, 32), (1376, 180), GROUPED, 43, False, None),
+    "rerank_k60": ("fp16", (32, 32), (1920, 180), GROUPED, 60, False, None),
+    "rerank_bf16": ("bf16", (32, 32), (1600, 180), GROUPED, 50, False, None),
     "rerank_colpali": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, None),
     "corpus": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, None),
     "allpairs_large": ("fp16", (128, 128), (128, 1024), ALL, 0, False, None),
@@ -41,6 +45,8 @@ CASES = {
 # The same cases with document lengths drawn from [Ld / 2, Ld] (as bench.py draws them): padding
 # rows are never read, so these time the real-token traffic of the benchmark rows.
 RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
+          "rerank_k43_len": "rerank_k43", "rerank_k60_len": "rerank_k60",
+          "rerank_bf16_len": "rerank_bf16",
           "rerank_colpali_len": "rerank_colpali", "rerank_heavy_int8_len": "rerank_heavy_int8",
           "rerank_heavy_fp8_len": "rerank_heavy_fp8",
           "rerank_colpali_int8_len": "rerank_colpali_int8",
