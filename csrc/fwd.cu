@@ -231,11 +231,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
       const int max_splits = std::min(16, (p.d.pad_len + bn - 1) / bn / 2);
       plan.grid.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_splits, (2 * slots + units - 1) / units)));
     }
-    // 16-bit documents that fill two to three waves likewise run one wave, of blocks of three
-    // documents: the third wave's tail cost more than the imbalance of static packing.
-    const bool one_wave = p.codes != Codes::kNone ||
-                          (plan.grid.splits == 1 && units >= 2 * slots && units < 3 * slots);
-    const int64_t per_block = one_wave ? (units + slots - 1) / slots : units / (8 * slots);
+    const int64_t per_block = p.codes != Codes::kNone ? (units + slots - 1) / slots : units / (8 * slots);
     plan.grid.docs_per_block =
         plan.grid.splits > 1 ? 1 : static_cast<int>(std::max<int64_t>(1, per_block));
     const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
