@@ -36,9 +36,12 @@ def _nvcc():
     return f"{_ops.cuda_version_of(home) or '?'} ({home})"
 
 
-def _cuda_kernel_path(dtype, capability):
-    """The kernel the extension picks (mirrors make_plan in csrc/fwd.cu)."""
+def _cuda_kernel_path(dtype, capability, layout=None):
+    """The kernel the extension picks (mirrors make_plan and launch_simt in csrc/fwd.cu)."""
     if dtype == torch.float32:
+        if layout in ("all-pairs", "retrieve"):
+            return ("exact fp32 SIMT kernel; register tiles when queries and documents are padded, "
+                    "Lq <= 128, H % 4 == 0 and H <= 128")
         return "exact fp32 SIMT kernel"
     if capability >= (8, 0):
         return (
@@ -60,7 +63,7 @@ def backend_plan(ops, reason):
             if ops is None:
                 plan[layout][name] = ("torch fallback", reason)
             else:
-                plan[layout][name] = ("cuda", _cuda_kernel_path(dtype, capability))
+                plan[layout][name] = ("cuda", _cuda_kernel_path(dtype, capability, layout))
     return plan
 
 
