@@ -19,6 +19,19 @@ template <> __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __
 
 constexpr int kSimtThreads = 128;
 
+// A row's running best merged over the kLanes consecutive lanes that share the row (any order
+// gives the same result: `beats` is a total order).
+template <int kLanes>
+__device__ __forceinline__ Best merge_lanes(Best b) {
+#pragma unroll
+  for (int off = 1; off < kLanes; off <<= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, b.v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, b.idx, off);
+    if (beats(ov, oi, b)) b = Best{ov, oi};
+  }
+  return b;
+}
+
 template <typename T, bool kArgmax>
 __global__ void __launch_bounds__(kSimtThreads) fwd_simt_kernel(const FwdParams p) {
   constexpr int BM = 32, BN = 32, KC = 128;
@@ -80,13 +93,7 @@ __global__ void __launch_bounds__(kSimtThreads) fwd_simt_kernel(const FwdParams 
       // The 8 lanes of a row group merge their maxima; thread 0 sums the rows in order.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        Best b = best[i];
-#pragma unroll
-        for (int off = 1; off < 8; off <<= 1) {
-          const float ov = __shfl_xor_sync(0xffffffffu, b.v, off);
-          const int oi = __shfl_xor_sync(0xffffffffu, b.idx, off);
-          if (beats(ov, oi, b)) b = Best{ov, oi};
-        }
+        const Best b = merge_lanes<8>(best[i]);
         if (tx == 0) { row_v[ty * 2 + i] = b.v; row_i[ty * 2 + i] = b.idx; }
       }
       __syncthreads();
@@ -210,13 +217,7 @@ fwd_simt_tile_kernel(const FwdParams p, int chunks, int docs_per_block) {
     // The 16 lanes of a row group merge their maxima; thread x < qpb sums query x's rows in order.
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      Best b = best[i];
-#pragma unroll
-      for (int off = 1; off < 16; off <<= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, b.v, off);
-        const int oi = __shfl_xor_sync(0xffffffffu, b.idx, off);
-        if (beats(ov, oi, b)) b = Best{ov, oi};
-      }
+      const Best b = merge_lanes<16>(best[i]);
       if (tx == 0) {
         row_v[8 * ty + i] = b.v;
         row_i[8 * ty + i] = b.idx;
