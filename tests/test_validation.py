@@ -34,6 +34,8 @@ PAIR = torch.tensor([1, 0], dtype=torch.int32)  # valid ids for two segments
     "case",
     [
         ("Q", ValueError, lambda: maxsim.maxsim(t(3, H), D)),
+        ("Q", ValueError, lambda: maxsim.maxsim(torch.tensor(1.0), D)),
+        ("Q", ValueError, lambda: maxsim.contrastive_step(torch.tensor(1.0), D)),
         ("Q", TypeError, lambda: maxsim.maxsim([[1.0]], D)),
         ("Q", TypeError, lambda: maxsim.maxsim(t(2, 3, H, dtype=torch.int32), D)),
         ("Q", TypeError, lambda: maxsim.maxsim(t(2, 3, H, dtype=torch.float64), D)),

@@ -44,10 +44,10 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=Non
         or type(Q) is not torch.Tensor or type(D) is not torch.Tensor
     ):
         return None
-    dtype, rank, dim = Q.dtype, D.dim(), Q.size(-1)
+    dtype, rank = Q.dtype, D.dim()
     if (
         D.dtype != dtype or dtype not in check.FLOAT_DTYPES or Q.dim() != 3 or rank not in (3, 4)
-        or D.size(-1) != dim or dim == 0 or Q.stride(-1) != 1 or D.stride(-1) != 1
+        or D.size(-1) != Q.size(-1) or Q.size(-1) == 0 or Q.stride(-1) != 1 or D.stride(-1) != 1
         or (rank == 4 and D.size(0) != Q.size(0))
     ):
         return None

@@ -98,6 +98,10 @@ def _on_device(name: str, t: torch.Tensor, device: torch.device) -> None:
 
 def require_index(name: str, t, shape: tuple, device: torch.device) -> None:
     """Lengths, offsets or ids: an int32/int64 tensor of ``shape`` on ``device``."""
+    if isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.shape == shape and (
+        t.device == device
+    ):
+        return  # the common case, without building any message
     require_tensor(name, t, f"of shape {list(shape)}")
     if t.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
