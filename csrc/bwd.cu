@@ -33,9 +33,11 @@ bool bwd_sorts_rows(const BwdParams& p) {
   return p.d.offsets == nullptr && p.d.pad_len > 0 && p.d.pad_len <= kSortMaxRows;
 }
 
+// Query rows the dQ kernel covers per query (packed queries: up to max_lq).
+static int dq_rows(const BwdParams& p) { return p.q.offsets ? p.max_lq : p.q.pad_len; }
+
 bool bwd_fuses_ce(const BwdParams& p, int cols) {
-  const int q_rows = p.q.offsets ? p.max_lq : p.q.pad_len;
-  return p.pairs.layout != kPairs && p.q.count > 0 && q_rows > 0 && p.d.rows > 0 &&
+  return p.pairs.layout != kPairs && p.q.count > 0 && dq_rows(p) > 0 && p.d.rows > 0 &&
          bwd_sorts_rows(p) && cols <= kCeFusedCols;
 }
 
@@ -43,7 +45,7 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
   auto go = [&](auto tag) {
     using T = decltype(tag);
     const int warps = kBwdThreads / 32;
-    const int q_rows = p.q.offsets ? p.max_lq : p.q.pad_len;
+    const int q_rows = dq_rows(p);
     const int row_blocks = (std::max(q_rows, 1) + warps - 1) / warps;
     if (p.q.count > 0 && q_rows > 0) {
       const bool vec = vec_rows(p.d, p.dim, kSlice<T>);
