@@ -19,6 +19,20 @@ template <> __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __
 
 constexpr int kSimtThreads = 128;
 
+// Folds a thread's dot products of tokens s..s+3 (acc[row][token]) into its rows' running best,
+// valid tokens only, in token order.
+template <int kRows>
+__device__ __forceinline__ void fold_tokens(const float (&acc)[kRows][4], int s, const TokenSet& d,
+                                            const Segment& gd, Best (&best)[kRows]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    if (s + c >= gd.len || (d.mask != nullptr && !d.mask[gd.first_row + s + c])) continue;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (beats(acc[i][c], s + c, best[i])) best[i] = Best{acc[i][c], s + c};
+  }
+}
+
 // A row's running best merged over the kLanes consecutive lanes that share the row (any order
 // gives the same result: `beats` is a total order).
 template <int kLanes>
@@ -81,14 +95,7 @@ __global__ void __launch_bounds__(kSimtThreads) fwd_simt_kernel(const FwdParams 
             }
           }
         }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int s = s0 + tx * 4 + c;
-          if (s >= gd.len || (p.d.mask != nullptr && !p.d.mask[gd.first_row + s])) continue;
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            if (beats(acc[i][c], s, best[i])) best[i] = Best{acc[i][c], s};
-        }
+        fold_tokens(acc, s0 + tx * 4, p.d, gd, best);
       }
       // The 8 lanes of a row group merge their maxima; thread 0 sums the rows in order.
 #pragma unroll
@@ -205,14 +212,7 @@ fwd_simt_tile_kernel(const FwdParams p, int chunks, int docs_per_block) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) acc[i][c] = fmaf(av[i], bv[c], acc[i][c]);
       }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int s = s0 + 4 * tx + c;
-        if (s >= gd.len || (p.d.mask != nullptr && !p.d.mask[gd.first_row + s])) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (beats(acc[i][c], s, best[i])) best[i] = Best{acc[i][c], s};
-      }
+      fold_tokens(acc, s0 + 4 * tx, p.d, gd, best);
     }
     // The 16 lanes of a row group merge their maxima; thread x < qpb sums query x's rows in order.
 #pragma unroll
