@@ -50,7 +50,9 @@ RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
           "rerank_colpali_len": "rerank_colpali", "rerank_heavy_int8_len": "rerank_heavy_int8",
           "rerank_heavy_fp8_len": "rerank_heavy_fp8",
           "rerank_colpali_int8_len": "rerank_colpali_int8",
-          "rerank_colpali_fp8_len": "rerank_colpali_fp8"}
+          "rerank_colpali_fp8_len": "rerank_colpali_fp8",
+          "corpus_len": "corpus", "allpairs_large_len": "allpairs_large",
+          "train_colpali_fwd_len": "train_colpali_fwd"}
 # Ragged documents described by a mask instead, with holes as PyLate's punctuation skiplist makes
 # (about one token in ten): the kernel reads the mask bytes of every tile.
 MASKED = {"rerank_heavy_mask": "rerank_heavy", "rerank_heavy_int8_mask": "rerank_heavy_int8"}

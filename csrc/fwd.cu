@@ -196,8 +196,8 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     default: plan.grid.q_tiles = plan.grid.m_tiles; break;
   }
   // Hopper runs the 128-row tile on wgmma: 16-bit documents, dims of whole 64-wide swizzle atoms
-  // (at most two: four stages fit), a query tile that stays (all-pairs and grouped layouts), and
-  // enough document tiles for its deep pipeline (>= ~32 per SM; one block per SM resides).
+  // (at most two), a query tile that stays (all-pairs and grouped layouts), and enough document
+  // tiles to keep its two resident blocks per SM streaming (>= ~32 per SM).
   if (plan.tile == Tile::kLarge && dev.sm == 90 && p.codes == Codes::kNone &&
       (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs &&
       tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {

@@ -14,8 +14,8 @@
 //
 // On Hopper the 128-row compute tile (kWide: two warpgroups of 64 rows x 128 columns) runs on
 // wgmma: query and document tiles are stored with the 128-byte swizzle and read through shared-
-// memory descriptors, and each warpgroup alternates two accumulator sets, so that the max of tile
-// t-1 is taken while tile t's wgmma runs. One block per SM, four stages.
+// memory descriptors. Two blocks per SM with two stages each: one block's max runs while the
+// other's wgmma does.
 #pragma once
 #include "codes.cuh"
 #include "layout.cuh"
@@ -71,9 +71,10 @@ struct FwdTC {
 // block alone cannot hide the pipeline's barrier and load latency. The 32-row tile streaming
 // 8-bit codes fits five (its stages take half the shared memory): the streaming loop is
 // latency-bound, and the extra warps hide it (measured on the H100: 9-27% faster than three).
-// The wgmma tile (WN == 1) runs one block with two accumulator sets and a deeper pipeline.
+// The wgmma tile asks for two as well: one block per SM with two accumulator sets (tile t's max
+// overlapping tile t+1's wgmma within the block) and four stages was 11-20% slower (H100).
 template <typename DT, int kWarps, int WN, int BM>
-constexpr int kMinBlocks = kWarps == 8 ? (WN == 1 ? 1 : 2) : kIsCodes<DT> && BM == 32 ? 5 : 1;
+constexpr int kMinBlocks = kWarps == 8 ? 2 : kIsCodes<DT> && BM == 32 ? 5 : 1;
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
@@ -557,23 +558,17 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   };
 
   if constexpr (kWg) {
-    // Hopper: tile t's wgmma runs while the maxima of tile t-1 are taken from the other
-    // accumulator set (all-pairs and grouped layouts: the query tile never changes).
-    float acc_a[MT][NT][4], acc_b[MT][NT][4];
-    uint32_t ok_prev = 0;  // bit 2 * ni + e: column ni * 8 + e of this thread's pair is valid
-    int col0_prev = 0, item_prev = -1;
-    bool end_prev = false;
+    // Hopper: one accumulator set per thread (64 values), so that two blocks share an SM and
+    // one's max runs while the other's wgmma does (all-pairs and grouped layouts: the query tile
+    // never changes).
+    float acc[MT][NT][4];
     // Descriptors of this warpgroup's 64 query rows and of stage 0, first k step; a k step or a
     // stage moves the start address only (its field holds address / 16, no carry out).
     const uint64_t a_desc = smem_desc_sw128(q_s + (warp / 4) * 64 * 64);
     const uint64_t b_desc = smem_desc_sw128(d_s);
     auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
-    auto finish_prev = [&](const float (&acc)[MT][NT][4]) {
-      tile_max(acc, ok_prev, col0_prev);
-      if (end_prev) end_doc(item_prev);
-    };
     int steps = 0;  // tiles consumed: stage `stage` holds its (steps / STAGES)-th load
-    auto step = [&](float (&acc)[MT][NT][4], const float (&acc_prev)[MT][NT][4]) {
+    while (c_item < item_end) {
       stage_mask();
       if (p.d_tma) {
         mbar_wait(full + stage, (steps / STAGES) & 1);
@@ -594,31 +589,19 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
       wgmma_commit();
       if (p.d_tma) {
-        // Tile t-1's stage is free once every warpgroup has waited for its wgmma: with TMA that
-        // barrier (and the refill) runs while tile t's wgmma does.
+        // The previous tile's stage is free once every warp has waited for its wgmma: with TMA
+        // the barrier and the refill run while this tile's wgmma does.
         __syncthreads();
         issue((stage + STAGES - 1) % STAGES, false);
       }
-      // Only this tile's group may still run: ptxas then knows acc_prev is complete (it cannot
-      // see the wait of the previous step through the loop's back edge).
-      wgmma_wait<1>();
-      if (item_prev >= 0) finish_prev(acc_prev);
       wgmma_wait<0>();
-      ok_prev = ok;
-      col0_prev = col0;
-      item_prev = c_item;
-      end_prev = ++c_tile == c_span.end;
-      if (end_prev) {
+      tile_max(acc, ok, col0);
+      if (++c_tile == c_span.end) {
+        end_doc(c_item);
         if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
         c_tile = c_span.begin;
       }
       stage = (stage + 1) % STAGES;
-    };
-    while (true) {
-      step(acc_a, acc_b);
-      if (c_item >= item_end) { finish_prev(acc_a); break; }
-      step(acc_b, acc_a);
-      if (c_item >= item_end) { finish_prev(acc_b); break; }
     }
   } else {
     while (c_item < item_end) {
