@@ -238,9 +238,14 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     plan.blocks = static_cast<int>(n_chunks * plan.grid.splits * plan.grid.q_tiles);
     return plan;
   }
-  // Enough blocks for several waves, so that the tail is short and every SM streams.
+  // Enough blocks for several waves, so that the tail is short and every SM streams. The wgmma
+  // tile goes to 16 blocks per SM where each still gets 16+ documents (a block's query load and
+  // pipeline fill stay small beside them): ragged corpus 2.13 -> 2.03 ms, while all pairs of 128
+  // documents (8 per block) lost 2% (kernel time, H100).
   const int64_t target = int64_t(dev.num_sms) * 8;
-  const int64_t chunks = std::max<int64_t>(1, target / std::max(1, plan.grid.q_tiles));
+  int64_t chunks = std::max<int64_t>(1, target / std::max(1, plan.grid.q_tiles));
+  if (plan.tile == Tile::kWide)
+    chunks = std::max(chunks, std::min<int64_t>(2 * chunks, items / 16));
   plan.grid.docs_per_block = static_cast<int>((items + chunks - 1) / chunks);
   const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
   plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);

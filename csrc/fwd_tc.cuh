@@ -336,8 +336,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     issue(s, s == 0 && early);
   }
   load_row_flags(q0);
-  // A TMA step reads its mask before its barrier: the prologue's mask stores (and the barriers'
-  // initialisation) must be visible to every thread before the first step.
+  // The TMA barriers' initialisation must be visible to every thread before the first step.
   if (kWg && p.d_tma) __syncthreads();
 
   // ---- consumer state
@@ -579,8 +578,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         issue((stage + STAGES - 1) % STAGES, false);
       }
       ++steps;
-      const int col0 = c_tile * BN + (lane % 4) * 2;
-      const uint32_t ok = valid_cols(col0);
       const uint64_t b_stage = b_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
@@ -594,6 +591,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         __syncthreads();
         issue((stage + STAGES - 1) % STAGES, false);
       }
+      // After the step's barrier: this tile's mask bytes were stored at the start of the step
+      // (two stages leave no earlier barrier between that store and these reads).
+      const int col0 = c_tile * BN + (lane % 4) * 2;
+      const uint32_t ok = valid_cols(col0);
       wgmma_wait<0>();
       tile_max(acc, ok, col0);
       if (++c_tile == c_span.end) {
