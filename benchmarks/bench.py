@@ -386,12 +386,27 @@ def _clean(x):
     return x
 
 
-def write_results(path: Path, header: dict, rows: list, base_rows: list):
-    """Rows of this run replace rows with the same (workload, dtype, impl) in ``base_rows``."""
+def write_results(path: Path, header: dict, rows: list, base_rows: list, base: dict | None = None):
+    """Rows of this run replace rows with the same (workload, dtype, impl) in ``base_rows``.
+
+    ``base``: the document merged into. Its header (the full run's commit, ceilings, versions) is
+    kept, and ``merged_runs`` lists, per later selection, the commit, ceilings and workloads whose
+    rows it re-measured, so that every row's provenance stays known."""
     key = lambda r: (r["workload"], r["dtype"], r["impl"])  # noqa: E731
     new = {key(r) for r in rows}
     merged = sorted([r for r in base_rows if key(r) not in new] + rows, key=_order_key)
     doc = dict(header)
+    if base is not None:
+        doc.update({k: v for k, v in base.items() if k not in ("rows", "workloads", "merged_runs")})
+        names = sorted({r["workload"] for r in rows})
+        runs = []
+        for run in base.get("merged_runs", []):  # drop workloads this run measured again
+            left = [w for w in run["workloads"] if w not in names]
+            if left:
+                runs.append({**run, "workloads": left})
+        if names:
+            runs.append({k: header.get(k) for k in ("commit", "dirty", "ceilings")} | {"workloads": names})
+        doc["merged_runs"] = runs
     workloads = dict(header.get("workloads", {}))
     doc["workloads"] = {k: workloads[k] for k in sorted(workloads)}
     doc["rows"] = merged
@@ -513,12 +528,12 @@ def main(argv=None):
     out_path = Path(args.out) if args.out else (
         Path("/tmp/maxsim-bench-smoke.json") if args.smoke
         else REPO / "bench_results" / f"{gpu_slug(gpu)}.json")
-    base_rows, old_workloads = [], {}
+    base_rows, old_workloads, base = [], {}, None
     if merge and out_path.exists():
         try:
             old = json.loads(out_path.read_text())
             if old.get("schema") == SCHEMA:
-                base_rows, old_workloads = old.get("rows", []), old.get("workloads", {})
+                base_rows, old_workloads, base = old.get("rows", []), old.get("workloads", {}), old
         except (OSError, json.JSONDecodeError) as e:
             print(f"[warn] cannot merge into {out_path}: {e}; starting afresh")
 
@@ -594,11 +609,11 @@ def main(argv=None):
                   f"(total {time.perf_counter() - t_start:.0f}s)", flush=True)
             header["workloads"] = workloads_meta
             header["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-            write_results(out_path, header, rows, base_rows)
+            write_results(out_path, header, rows, base_rows, base)
 
     header["workloads"] = workloads_meta
     header["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-    write_results(out_path, header, rows, base_rows)
+    write_results(out_path, header, rows, base_rows, base)
     print_table(sorted(rows, key=_order_key))
     if skipped:
         print(f"\nsweeps left out for time ({args.budget_s:.0f}s budget): {', '.join(skipped)}; "

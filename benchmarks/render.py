@@ -121,7 +121,15 @@ def header_line(doc) -> str:
     for k in ("fp16", "bf16", "fp32"):
         if c.get(f"{k}_tflops"):
             parts.append(f"{k} matmul {c[f'{k}_tflops']:,.0f} TFLOP/s")
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    for run in doc.get("merged_runs", []):  # later selections merged into the full run
+        rc = run.get("ceilings") or {}
+        names = ", ".join(f"`{w}`" for w in run["workloads"])
+        commit = str(run.get("commit", "unknown"))[:10] + (" (dirty)" if run.get("dirty") else "")
+        line += (f"<br>rows {names} re-measured at commit `{commit}` (copy "
+                 f"{rc.get('hbm_gbps', 0):,.0f} GB/s, fp16 matmul {rc.get('fp16_tflops', 0):,.0f} "
+                 "TFLOP/s; each row's floor is its own run's)")
+    return line
 
 
 PEER_ORDER = ["flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]

@@ -132,6 +132,13 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
     merged = json.loads(out.read_text())
     assert len(merged["rows"]) == len(doc["rows"]) + 1
     assert [r["workload"] for r in merged["rows"]].index("corpus") > 0
+    # The full run's header stays; the selection is listed with its own commit and ceilings.
+    assert merged["ceilings"] == doc["ceilings"] and merged["elapsed_s"] == doc["elapsed_s"]
+    assert [run["workloads"] for run in merged["merged_runs"]] == [["corpus"]]
+    assert bench.main(common + ["--only", "corpus,rerank", "--dtype", "bf16"]) == 0
+    again = json.loads(out.read_text())
+    assert [run["workloads"] for run in again["merged_runs"]] == [["corpus", "rerank"]]
+    assert "re-measured at commit" in render.header_line(again)
 
 
 def test_sass_histogram_splits_kernels_and_counts(tmp_path):
