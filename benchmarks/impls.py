@@ -108,7 +108,8 @@ class Maxsim(Impl):
         M, meta, kind, b = self.mod, case.meta, case.kind.name, self.backend
         if kind in ("rerank", "allpairs") and "D_codes" in s:  # 8-bit documents
             D = M.QuantizedTokens(s["D_codes"], s["D_scale"])
-            return lambda: M.maxsim(s["Q"], D, d_lengths=meta["d_len"], backend=b)
+            Q = M.QuantizedTokens(s["Q_codes"], s["Q_scale"]) if "Q_codes" in s else s["Q"]
+            return lambda: M.maxsim(Q, D, d_lengths=meta["d_len"], backend=b)
         if kind in ("rerank", "allpairs"):  # D is 4-D [B, K, Ld, H] or 3-D [Nd, Ld, H]
             return lambda: M.maxsim(s["Q"], s["D"], d_lengths=meta["d_len"], backend=b)
         if kind == "varlen":

@@ -41,6 +41,11 @@ CASES = {
     "rerank_colpali_int8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8"),
     "rerank_heavy_fp8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "fp8"),
     "rerank_colpali_fp8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "fp8"),
+    # int8 queries against int8 documents (integer tensor cores)
+    "rerank_heavy_int8x8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "int8x8"),
+    "rerank_colpali_int8x8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8x8"),
+    "corpus_int8x8": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, "int8x8"),
+    "corpus_int8": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, "int8"),
 }
 # The same cases with document lengths drawn from [Ld / 2, Ld] (as bench.py draws them): padding
 # rows are never read, so these time the real-token traffic of the benchmark rows.
@@ -51,6 +56,9 @@ RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
           "rerank_heavy_fp8_len": "rerank_heavy_fp8",
           "rerank_colpali_int8_len": "rerank_colpali_int8",
           "rerank_colpali_fp8_len": "rerank_colpali_fp8",
+          "rerank_heavy_int8x8_len": "rerank_heavy_int8x8",
+          "rerank_colpali_int8x8_len": "rerank_colpali_int8x8",
+          "corpus_int8x8_len": "corpus_int8x8", "corpus_int8_len": "corpus_int8",
           "corpus_len": "corpus", "allpairs_large_len": "allpairs_large",
           "train_colpali_fwd_len": "train_colpali_fwd"}
 # Ragged documents described by a mask instead, with holes as PyLate's punctuation skiplist makes
@@ -108,7 +116,7 @@ def spot_error(scores, Q, D, layout, group, valid=None) -> float:
         if pad is not None:
             sim = sim.masked_fill(pad[None, :nd, None], -torch.inf)
         ref = sim.amax(-1).sum(-1)
-        got = scores.view(Q.size(0), D.size(0))[:nq, :nd]
+        got = scores.view(Q.size(0), -1)[:nq, :nd]  # D: maybe only the first documents
     else:
         nq = min(2, Q.size(0))
         docs = D[: nq * group].double().view(nq, group, *D.shape[1:])
@@ -139,14 +147,20 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
             return ops.fwd(Q, D, *rest, False)
         dense = D
     else:
-        if codes == "int8":
+        q_scale = None
+        if codes in ("int8", "int8x8"):
             D = torch.randint(-127, 128, (nd, ld, 128), device="cuda", dtype=torch.int8)
         else:  # e4m3 codes of every magnitude the format has, none NaN
             D = torch.randn(nd, ld, 128, device="cuda") * 64
             D = D.clamp(-448, 448).to(torch.float8_e4m3fn)
         scale = torch.rand(nd, ld, device="cuda") / 127
+        q_in = Q
+        if codes == "int8x8":
+            q_in = torch.randint(-127, 128, (nq, lq, 128), device="cuda", dtype=torch.int8)
+            q_scale = torch.rand(nq, lq, device="cuda") / 127
+            Q = q_in.float() * q_scale[..., None]
         def call():
-            return ops.fwd_scaled(Q, None, D, scale, *rest)
+            return ops.fwd_scaled(q_in, q_scale, D, scale, *rest)
         n = max(8, 2 * group)
         dense = D[:n].float() * scale[:n, :, None]
     err = spot_error(call()[0], Q, dense, layout, group, valid)

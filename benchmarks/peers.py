@@ -41,7 +41,8 @@ class FlashMaxsim(_Peer):
     train    flash_maxsim_batched_train(Q, D, shared_docs=True, doc_lengths=[Nb]).
     int8     flash_maxsim_int8_symmetric(Q[Lq, H], D_int8, scales fp16, doc_lengths) scores one
              query per call: one call per query (its scales converted to fp16 outside the timing).
-             It has no FP8 path.
+             With int8 queries too, flash_maxsim_int8x8 (INT8 x INT8 tensor cores) with the same
+             codes and fp16 scales. It has no FP8 path.
     """
 
     name = "flash-maxsim"
@@ -55,6 +56,15 @@ class FlashMaxsim(_Peer):
                 raise Unsupported("flash-maxsim has no FP8 path (INT8 only)")
             Q, codes, scales = s["Q"], s["D_codes"], s["D_scale"].half()
             lens, f = meta["d_len"], fm.flash_maxsim_int8_symmetric
+            if "Q_codes" in s:
+                q8, q_sc, f8 = s["Q_codes"], s["Q_scale"].half(), fm.flash_maxsim_int8x8
+                if kind == "rerank":
+                    return lambda: torch.stack(
+                        [f8(Q[b], codes[b], scales[b], Q_int8=q8[b], q_scales=q_sc[b],
+                            doc_lengths=lens[b]) for b in range(Q.size(0))])
+                return lambda: torch.stack(
+                    [f8(Q[i], codes, scales, Q_int8=q8[i], q_scales=q_sc[i], doc_lengths=lens)
+                     for i in range(Q.size(0))])
             if kind == "rerank":
                 return lambda: torch.stack(
                     [f(Q[b], codes[b], scales[b], doc_lengths=lens[b]) for b in range(Q.size(0))])
@@ -144,6 +154,8 @@ class LateInteractionKernels(_Peer):
         if "D_codes" in s:
             if case.params["quant"] != "fp8":
                 raise Unsupported("late-interaction-kernels has no INT8 path (FP8 only)")
+            if "Q_codes" in s:
+                raise Unsupported("late-interaction-kernels has no INT8 queries")
             from late_interaction_kernels import fp8
 
             q8, q_scale = fp8.quantize_fp8_per_token(s["Q"])

@@ -169,7 +169,7 @@ def test_kernel_ab_cases_are_well_formed():
     import kernel_ab
 
     for name, (dtype, (nq, lq), (nd, ld), layout, group, argmax, codes) in kernel_ab.CASES.items():
-        assert dtype in kernel_ab.DTYPES and codes in (None, "int8", "fp8"), name
+        assert dtype in kernel_ab.DTYPES and codes in (None, "int8", "fp8", "int8x8"), name
         assert layout in (kernel_ab.ALL, kernel_ab.GROUPED) and isinstance(argmax, bool), name
         if layout == kernel_ab.GROUPED:
             assert nd == nq * group, name  # every query has its own candidates

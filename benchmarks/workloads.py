@@ -206,8 +206,16 @@ def quantize_tokens(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tens
     return codes.contiguous(), scale.contiguous()
 
 
-def dequantized(s: dict, dtype=torch.float64) -> torch.Tensor:
-    return s["D_codes"].to(dtype) * s["D_scale"].to(dtype)[..., None]
+def dequantized(s: dict, dtype=torch.float64, side: str = "D") -> torch.Tensor:
+    return s[f"{side}_codes"].to(dtype) * s[f"{side}_scale"].to(dtype)[..., None]
+
+
+def queries(s: dict, dtype=None) -> torch.Tensor:
+    """The set's queries: as given, or dequantized (float64 unless ``dtype``) where they are
+    int8 codes too."""
+    if "Q_codes" in s:
+        return dequantized(s, dtype or torch.float64, "Q")
+    return s["Q"] if dtype is None else s["Q"].to(dtype)
 
 
 class _PaddedDocs(Kind):
@@ -217,8 +225,9 @@ class _PaddedDocs(Kind):
 
     ``quant`` in a workload's params ("int8" or "fp8") stores the documents as 8-bit codes with
     one fp32 scale per token (``D_codes``, ``D_scale``; no float copy); queries stay in the row's
-    dtype. The floor counts the codes and scales, and the reference is float64 on the
-    dequantized documents."""
+    dtype, or with ``quant_q`` are int8 codes too (``Q_codes``, ``Q_scale``; ``Q`` keeps the float
+    queries they were made from, for peers that quantize their own way). The floor counts the
+    codes and scales, and the reference is float64 on the dequantized tokens."""
 
     grouped = False
 
@@ -249,26 +258,31 @@ class _PaddedDocs(Kind):
             s["D_codes"], s["D_scale"] = quantize_tokens(D, p["quant"])
         else:
             s["D"] = D
+        if p.get("quant_q"):
+            s["Q_codes"], s["Q_scale"] = quantize_tokens(s["Q"], p["quant_q"])
         return s
 
     def work(self, p, meta, dtype):
         nq, e = self.n_queries(p), _esize(dtype)
         queries_per_doc = 1 if self.grouped else nq
         doc_token_bytes = H + 4 if p.get("quant") else H * e  # codes + scale
+        query_token_bytes = H + 4 if p.get("quant_q") else H * e
         return Work(
-            bytes=nq * p["Lq"] * H * e + meta["valid_d"] * doc_token_bytes + self.n_pairs(p) * 4,
+            bytes=nq * p["Lq"] * query_token_bytes + meta["valid_d"] * doc_token_bytes
+            + self.n_pairs(p) * 4,
             flops=2.0 * H * queries_per_doc * p["Lq"] * meta["valid_d"],
         )
 
     def reference(self, s, meta):
         ref = ref_grouped if self.grouped else ref_allpairs
         D = dequantized(s) if "D_codes" in s else s["D"]
-        return {"scores": ref(s["Q"], D, None, meta["d_mask"]).cpu()}
+        return {"scores": ref(queries(s), D, None, meta["d_mask"]).cpu()}
 
     def naive(self, s, meta):
         Q, dm, grouped = s["Q"], meta["d_mask"], self.grouped
         if "D_codes" in s:  # dequantize (in the queries' dtype) inside the timed call
-            return lambda: padded_scores(Q, dequantized(s, Q.dtype), None, dm, grouped=grouped)
+            return lambda: padded_scores(queries(s, Q.dtype), dequantized(s, Q.dtype), None, dm,
+                                         grouped=grouped)
         D = s["D"]
         return lambda: padded_scores(Q, D, None, dm, grouped=grouped)
 
@@ -531,14 +545,20 @@ def _registry() -> list[Workload]:
                  dict(Nq=4, Nb=4, Lq=4, Ld=12), about="contrastive step"))
     add(Workload("train_colpali", "train", dict(Nq=128, Nb=128, Lq=128, Ld=1024),
                  dict(Nq=3, Nb=3, Lq=6, Ld=20), dtypes=("bf16",), about="contrastive step"))
-    # Documents stored as 8-bit codes (see quantize_tokens); queries in fp16.
-    for name, base, fmt in (("rerank_heavy_int8", "rerank_heavy", "int8"),
-                            ("rerank_colpali_int8", "rerank_colpali", "int8"),
-                            ("rerank_colpali_fp8", "rerank_colpali", "fp8"),
-                            ("corpus_int8", "corpus", "int8")):
+    # Documents stored as 8-bit codes (see quantize_tokens); queries in fp16, or int8 codes too
+    # (the x8 rows: integer tensor cores).
+    for name, base, fmt, q_fmt in (("rerank_heavy_int8", "rerank_heavy", "int8", None),
+                                   ("rerank_colpali_int8", "rerank_colpali", "int8", None),
+                                   ("rerank_colpali_fp8", "rerank_colpali", "fp8", None),
+                                   ("corpus_int8", "corpus", "int8", None),
+                                   ("rerank_heavy_int8x8", "rerank_heavy", "int8", "int8"),
+                                   ("rerank_colpali_int8x8", "rerank_colpali", "int8", "int8"),
+                                   ("corpus_int8x8", "corpus", "int8", "int8")):
         src = next(x for x in w if x.name == base)
-        add(Workload(name, src.kind, dict(src.params, quant=fmt), dict(src.smoke, quant=fmt),
-                     dtypes=("fp16",), about=f"{src.about}, {fmt} documents"))
+        extra = dict(quant=fmt, **({"quant_q": q_fmt} if q_fmt else {}))
+        what = f"{fmt} queries and documents" if q_fmt else f"{fmt} documents"
+        add(Workload(name, src.kind, dict(src.params, **extra), dict(src.smoke, **extra),
+                     dtypes=("fp16",), about=f"{src.about}, {what}"))
     for ld in (128, 256, 512, 1024, 2048):
         add(Workload(f"rerank_ld{ld}", "rerank", dict(B=8, K=100, Lq=32, Ld=ld),
                      dict(B=2, K=12, Lq=4, Ld=max(4, ld // 64)), dtypes=("fp16",), sweep=True,
@@ -559,4 +579,5 @@ def describe(kind: str, p: dict) -> str:
     if kind == "varlen":
         return (f"Nq{p['Nq']} K{p['K']} Lq{p['Lq_min']}-{p['Lq_max']} "
                 f"Ld{p['Ld_min']}-{p['Ld_max']}")
-    return " ".join(f"{k}{v}" if k != "quant" else f"D:{v}" for k, v in p.items())
+    tags = {"quant": "D:", "quant_q": "Q:"}
+    return " ".join(f"{tags.get(k, k)}{v}" for k, v in p.items())

@@ -13,13 +13,21 @@
 
 namespace maxsim {
 
-// Document storage tags: Plain means documents in the queries' dtype.
+// Document storage tags: Plain means documents in the queries' dtype. Int8x8: queries and
+// documents both int8 codes, multiplied on the integer tensor cores (s8 x s8 -> s32, exact). The
+// kernels see such rows as fp16 pairs of codes (two codes per 16-bit element, dims halved), so
+// they copy, stage and address them exactly as 16-bit rows; only the mma differs.
 struct Plain {};
 struct Int8Codes {};
 struct E4m3Codes {};
+struct Int8x8 {};
 
+// 8-bit documents turned into 16-bit operands in registers (codes_to_pairs).
 template <typename DT>
 constexpr bool kIsCodes = std::is_same_v<DT, Int8Codes> || std::is_same_v<DT, E4m3Codes>;
+// Documents with one scale per token, applied to each dot product before the max.
+template <typename DT>
+constexpr bool kIsScaled = kIsCodes<DT> || std::is_same_v<DT, Int8x8>;
 
 // Factor the pairs below leave out of each value, folded into the token's scale instead: e4m3
 // bits placed into an fp16 land exactly 2^-8 below their value (a power of two: exact).

@@ -137,6 +137,7 @@ auto with_storage(Codes codes, F&& f) {
   switch (codes) {
     case Codes::kInt8: return f(Int8Codes{});
     case Codes::kE4m3: return f(E4m3Codes{});
+    case Codes::kInt8x8: return f(Int8x8{});
     default: return f(Plain{});
   }
 }
@@ -165,10 +166,13 @@ Tile fitting_tile(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& 
 
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
+  // Documents whose codes the kernel turns into 16-bit operands; everything else (int8 x int8
+  // rows included: fp16 pairs of codes) is laid out as 16-bit rows.
+  const bool byte_rows = p.codes == Codes::kInt8 || p.codes == Codes::kE4m3;
   // Codes need 16-dim rows (one 16-byte copy); the binding only sends them where this holds.
-  const int dim_step = p.codes == Codes::kNone ? 8 : 16;
+  const int dim_step = byte_rows ? 16 : 8;
   const bool tc = dtype != DType::kF32 && dev.sm >= 80 && p.dim % dim_step == 0 && p.dim <= 256 &&
-                  aligned16(p.q) && aligned16(p.d, p.codes == Codes::kNone ? 8 : 16);
+                  aligned16(p.q) && aligned16(p.d, byte_rows ? 16 : 8);
   if (!tc) return plan;
   const int lq = std::max(1, query_rows(p));
   const bool padded_q = p.q.offsets == nullptr;
@@ -198,8 +202,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // Hopper runs the 128-row tile on wgmma: 16-bit documents, dims of whole 64-wide swizzle atoms
   // (at most two), a query tile that stays (all-pairs and grouped layouts), and enough document
   // tiles to keep its two resident blocks per SM streaming (>= ~32 per SM).
-  if (plan.tile == Tile::kLarge && dev.sm == 90 && p.codes == Codes::kNone &&
-      (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs &&
+  if (plan.tile == Tile::kLarge && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs &&
       tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
@@ -208,8 +211,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // rerank_colpali 68.8 -> 62.8 us); documents of a few 64-row tiles do not (rerank_heavy, Ld
   // 128..256: 77 -> 80 us), and packed documents' lengths are not known here. Measured on the
   // H100 alone, whose 228 KB per SM hold two of its 107 KB blocks.
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && p.codes == Codes::kNone &&
-      (p.dim == 64 || p.dim == 128) && p.d.offsets == nullptr && p.d.pad_len >= 512 &&
+  if (plan.tile == Tile::kSmall && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) && p.d.offsets == nullptr && p.d.pad_len >= 512 &&
       tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
     plan.tile = Tile::kStream;
   const int items = std::max(1, num_items(p));
@@ -311,10 +313,10 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
   if (plan.tile == Tile::kSimt) {  // never with codes: the binding refuses that plan
     if (argmax) launch_simt<true>(p, dtype, dev, stream);
     else launch_simt<false>(p, dtype, dev, stream);
-  } else if (plan.tile == Tile::kWide) {  // 16-bit documents only (make_plan)
+  } else if (plan.tile == Tile::kWide) {  // 16-bit rows only (make_plan)
     FwdParams wide = p;
     wide.d_tma = encode_documents(wide, dtype);
-    storage_launch<Plain>(wide, plan, dtype, stream);
+    with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(wide, plan, dtype, stream); });
   } else {
     with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(p, plan, dtype, stream); });
   }

@@ -35,16 +35,23 @@ template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN =
 
 using Plan = FwdPlan;
 
-// Which tiles a document storage is built for: the wgmma tile (kWide) and the 8-warp streaming
-// tile (kStream) take 16-bit documents only (the planner never picks them for codes), so no 8-bit
-// instance of them is compiled.
-template <Tile kTile, typename DT>
-constexpr bool kTileTakes = (kTile != Tile::kWide && kTile != Tile::kStream) || !kIsCodes<DT>;
+// Which instances a document storage is built for: the wgmma tile (kWide) and the 8-warp
+// streaming tile (kStream) take 16-bit rows only (the planner never picks them for codes turned
+// into operands), and int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
+template <Tile kTile, typename DT, typename T>
+constexpr bool kInstanceOf = ((kTile != Tile::kWide && kTile != Tile::kStream) || !kIsCodes<DT>) &&
+                             !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
 
-// 8-bit tiles take half the shared memory: three stages for every shape, which leaves room for
-// more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the 8-warp one.
+// 8-bit tiles take half the shared memory: three stages for the mma.sync shapes, which leaves
+// room for more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the
+// 8-warp one. The wgmma and 8-warp streaming tiles keep their 16-bit stage counts.
 template <Tile kTile, typename DT>
-constexpr int kStages = kIsCodes<DT> ? 3 : TileShape<kTile>::STAGES;
+constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide && kTile != Tile::kStream ? 3 : TileShape<kTile>::STAGES;
+
+// The embedding dim with a fully unrolled k loop: ColBERT / ColPali's 128, which int8 x int8 rows
+// see as 64 fp16 pairs of codes.
+template <typename DT>
+constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : 128;
 
 template <typename T, typename DT, Tile kTile>
 using TileCfg = FwdTC<T, DT, TileShape<kTile>::BM, TileShape<kTile>::BN, TileShape<kTile>::WM,
@@ -81,13 +88,12 @@ int resident_blocks(int dim) {
 template <typename T, typename DT, Tile kTile, bool kArgmax>
 void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
   using Cfg = TileCfg<T, DT, kTile>;
-  // ColBERT / ColPali embeddings are 128-wide: that dim gets a fully unrolled k loop.
-  constexpr auto k128 = tc_kernel<T, DT, kTile, kArgmax, 128>();
+  constexpr auto kFixed = tc_kernel<T, DT, kTile, kArgmax, kUnrolledDim<DT>>();
   constexpr auto kAny = tc_kernel<T, DT, kTile, kArgmax, 0>();
   const size_t smem = Cfg::smem_bytes(p.dim);
-  if (p.dim == 128) {
-    allow_smem<k128>(smem);
-    k128<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
+  if (p.dim == kUnrolledDim<DT>) {
+    allow_smem<kFixed>(smem);
+    kFixed<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
   } else {
     allow_smem<kAny>(smem);
     kAny<<<plan.blocks, Cfg::kThreads, smem, stream>>>(p, plan.grid);
@@ -113,12 +119,12 @@ void with_tile(Tile tile, F&& f) {
 }
 
 // Calls f(T{}, tile tag) for the instance of document storage DT that runs `tile` on `dtype`
-// queries, where one exists (the wgmma and 8-warp streaming tiles take 16-bit documents only).
+// queries, where one exists (kInstanceOf).
 template <typename DT, typename F>
 void with_instance(Tile tile, DType dtype, F&& f) {
   with_type(dtype, [&](auto type_tag) {
     with_tile(tile, [&](auto tile_tag) {
-      if constexpr (kTileTakes<decltype(tile_tag)::value, DT>) f(type_tag, tile_tag);
+      if constexpr (kInstanceOf<decltype(tile_tag)::value, DT, decltype(type_tag)>) f(type_tag, tile_tag);
     });
   });
 }
@@ -132,11 +138,12 @@ int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
   with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
     using T = decltype(type_tag);
     constexpr Tile kTile = decltype(tile_tag)::value;
-    const bool d128 = p.dim == 128;
+    constexpr int kFixed = kUnrolledDim<DT>;
+    const bool fixed = p.dim == kFixed;
     if (p.argmax != nullptr)
-      blocks = d128 ? resident_blocks<T, DT, kTile, true, 128>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
+      blocks = fixed ? resident_blocks<T, DT, kTile, true, kFixed>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
     else
-      blocks = d128 ? resident_blocks<T, DT, kTile, false, 128>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
+      blocks = fixed ? resident_blocks<T, DT, kTile, false, kFixed>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
   });
   return blocks;
 }
@@ -161,13 +168,14 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
   });
 }
 
-// Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu).
+// Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu, fwd_int8x8.cu).
 #define MAXSIM_CODE_STORAGE(EXTERN, DT)                                                      \
   EXTERN template int storage_resident<DT>(Tile, const FwdParams&, DType);                  \
   EXTERN template size_t storage_smem<DT>(Tile, const FwdParams&, DType);                    \
   EXTERN template void storage_launch<DT>(const FwdParams&, const Plan&, DType, cudaStream_t);
 MAXSIM_CODE_STORAGE(extern, Int8Codes)
 MAXSIM_CODE_STORAGE(extern, E4m3Codes)
+MAXSIM_CODE_STORAGE(extern, Int8x8)
 
 }  // namespace fwd_detail
 }  // namespace maxsim

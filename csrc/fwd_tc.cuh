@@ -10,7 +10,9 @@
 // Documents stored as 8-bit codes (DT = Int8Codes / E4m3Codes, codes.cuh) stream at half the
 // bytes: they are staged as bytes, turned into T operands in registers, and each dot product is
 // multiplied by its token's scale before the max. Queries may carry a per-row scale too (p.q_scale,
-// quantized queries passed as exact codes), applied to the row's maximum.
+// quantized queries passed as exact codes), applied to the row's maximum. Int8 queries against
+// int8 documents (DT = Int8x8) come as fp16 pairs of codes: the 16-bit path copies and addresses
+// them unchanged, and the integer mma (int32 accumulators, exact) replaces the fp16 one.
 //
 // On Hopper the 128-row compute tile (kWide: two warpgroups of 64 rows x 128 columns) runs on
 // wgmma: query and document tiles are stored with the 128-byte swizzle and read through shared-
@@ -32,6 +34,7 @@ struct TileSpan {
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
 struct FwdTC {
   static constexpr bool kCodes = kIsCodes<DT>;
+  static constexpr bool kScaled = kIsScaled<DT>, kIntDot = std::is_same_v<DT, Int8x8>;
   using DElem = std::conditional_t<kCodes, uint8_t, T>;  // what a document row is made of
   static constexpr int kChunkElems = 16 / sizeof(DElem);  // per 16-byte copy
   // k step of one operand load: codes come 8 bytes per lane, which feeds two k16 mmas.
@@ -62,7 +65,7 @@ struct FwdTC {
   }
   static size_t smem_bytes(int dim) {
     return size_t(BM) * ldq(dim) * sizeof(T) + size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
-           size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kCodes ? 5 : 1) +
+           size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kScaled ? 5 : 1) +
            (kWide ? 8 + STAGES * 8 : 0);  // the TMA loads' mbarriers, 8-byte aligned
   }
 };
@@ -74,7 +77,7 @@ struct FwdTC {
 // The wgmma tile asks for two as well: one block per SM with two accumulator sets (tile t's max
 // overlapping tile t+1's wgmma within the block) and four stages was 11-20% slower (H100).
 template <typename DT, int kWarps, int WN, int BM>
-constexpr int kMinBlocks = kWarps == 8 ? 2 : kIsCodes<DT> && BM == 32 ? 5 : 1;
+constexpr int kMinBlocks = kWarps == 8 ? 2 : kIsScaled<DT> && BM == 32 ? 5 : 1;
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
@@ -85,7 +88,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   using Cfg = FwdTC<T, DT, BM, BN, WM, WN, STAGES, kArgmax>;
   using DElem = typename Cfg::DElem;
   constexpr int MT = Cfg::MT, NT = Cfg::NT;
-  constexpr bool kBf16 = MmaType<T>::kBf16, kCodes = Cfg::kCodes;
+  constexpr bool kBf16 = MmaType<T>::kBf16, kCodes = Cfg::kCodes, kScaled = Cfg::kScaled;
+  constexpr bool kIntDot = Cfg::kIntDot;
   const int dim = kDim > 0 ? kDim : p.dim;
   const int kdim = Cfg::kdim(dim);
   const int lds = Cfg::ldq(dim), ldd = Cfg::ldd(dim);
@@ -99,8 +103,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   int* red_i = reinterpret_cast<int*>(red_v + WN * BM);
   float* row_val = reinterpret_cast<float*>(red_i + WN * BM);
   float* row_scale = row_val + BM;                 // each query row's scale (1 without q_scale)
-  float* scale_s = row_scale + BM;                 // [STAGES][BN] code scales (codes only)
-  bool* row_ok = reinterpret_cast<bool*>(scale_s + (kCodes ? STAGES * BN : 0));
+  float* scale_s = row_scale + BM;                 // [STAGES][BN] token scales (kScaled only)
+  bool* row_ok = reinterpret_cast<bool*>(scale_s + (Cfg::kScaled ? STAGES * BN : 0));
   bool* mask_s = row_ok + BM;  // [STAGES][BN] document-token mask of each staged tile
   // [STAGES] mbarriers of the wgmma tile's TMA loads (kWide only: smem_bytes leaves room)
   uint64_t* full = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(mask_s + STAGES * BN) + 7) & ~uintptr_t(7));
@@ -268,7 +272,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   auto stage_mask = [&]() {
     if (mask_stage >= 0 && tid < BN) {
       mask_s[mask_stage * BN + tid] = mask_reg;
-      if constexpr (kCodes) scale_s[mask_stage * BN + tid] = scale_reg;
+      if constexpr (kScaled) scale_s[mask_stage * BN + tid] = scale_reg;
     }
     mask_stage = -1;
   };
@@ -277,11 +281,11 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     if (p_item < item_end) {
       const int doc = item_doc(p_item);
       const TileSpan p_span = span_of(p_seg);  // recomputed: cheaper than a live register
-      if (p.d.mask != nullptr || kCodes) {
+      if (p.d.mask != nullptr || kScaled) {
         const int s = p_tile * BN + tid;
         const bool in = tid < BN && s < p_span.cols;
         mask_reg = in && (p.d.mask == nullptr || p.d.mask[p_seg.first_row + s]);
-        if constexpr (kCodes)
+        if constexpr (kScaled)
           scale_reg = in ? p.d_scale[p_seg.first_row + s] * kCodeFold<DT, T> : 0.f;
         mask_stage = stage;
       }
@@ -458,6 +462,23 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       }
   };
 
+  // kScaled: each dot product times its document token's scale (fp32), before the max. Int8x8's
+  // int32 sums (held in acc's registers) become floats first, exactly: |sum| <= 127^2 * 256 < 2^24.
+  auto scale_cols = [&](float (&acc)[MT][NT][4], int col0) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      const float2 sc = *reinterpret_cast<const float2*>(scale_s + stage * BN + col0 - c_tile * BN + ni * 8);
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = acc[mi][ni][e];
+          if constexpr (kIntDot) v = __int2float_rn(__float_as_int(v));
+          acc[mi][ni][e] = v * (e % 2 ? sc.y : sc.x);
+        }
+    }
+  };
+
   // End of a document: merge lanes, then warps, then sum rows per query.
   auto end_doc = [&](int item) {
 #pragma unroll
@@ -582,8 +603,12 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kdim / 16; ++k)
-        wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+      for (int k = 0; k < kdim / 16; ++k) {
+        if constexpr (kIntDot)
+          wgmma_m64n128k32_s8(reinterpret_cast<int(&)[MT * NT * 4]>(d), a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+        else
+          wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+      }
       wgmma_commit();
       if (p.d_tma) {
         // The previous tile's stage is free once every warp has waited for its wgmma: with TMA
@@ -596,6 +621,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       const int col0 = c_tile * BN + (lane % 4) * 2;
       const uint32_t ok = valid_cols(col0);
       wgmma_wait<0>();
+      if constexpr (kScaled) scale_cols(acc, col0);
       tile_max(acc, ok, col0);
       if (++c_tile == c_span.end) {
         end_doc(c_item);
@@ -659,16 +685,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
             }
           }
         }
-        // Each dot product times its document token's scale (fp32), before the max.
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-          const float2 sc = *reinterpret_cast<const float2*>(scale_s + stage * BN + col0 - c_tile * BN + ni * 8);
-#pragma unroll
-          for (int mi = 0; mi < MT; ++mi) {
-            acc[mi][ni][0] *= sc.x; acc[mi][ni][1] *= sc.y;
-            acc[mi][ni][2] *= sc.x; acc[mi][ni][3] *= sc.y;
-          }
-        }
       } else {
         // Every row a lane addresses is lane % 8 modulo 8 (tiles of 16 rows, groups of 8).
         const T* a_row = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds;
@@ -684,10 +700,15 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-            for (int ni = 0; ni < NT; ++ni)
-              mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+            for (int ni = 0; ni < NT; ++ni) {
+              if constexpr (kIntDot)
+                mma_s8_16832(reinterpret_cast<int(&)[4]>(acc[mi][ni]), a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+              else
+                mma_16816<kBf16>(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+            }
         }
       }
+      if constexpr (kScaled) scale_cols(acc, col0);
 
       tile_max(acc, ok, col0);
       if (++c_tile == c_span.end) {

@@ -62,6 +62,20 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// D += A(16x32, row) * B(32x8, col) on int8 codes, int32 accumulators (exact). Fragments hold
+// four codes per register where mma_16816 holds two 16-bit values, in the same places: the
+// ldmatrix addresses of a 32-byte k step serve both.
+__device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
 // ---- Hopper warpgroup MMA (sm_90a): operands read from shared memory through descriptors.
 // Tiles are stored K-major with the 128-byte swizzle: rows of 64 16-bit values (128 bytes), their
 // 16-byte chunks XOR-ed by row % 8, in atoms of 8 rows (1024 bytes, 1024-byte aligned) stacked
@@ -97,8 +111,16 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-#define MAXSIM_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                        "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MAXSIM_WG_D8(C, i) C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), \
+                           C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define MAXSIM_WG_REGS                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+#define MAXSIM_WG_OUT(C)                                                                       \
+  MAXSIM_WG_D8(C, 0), MAXSIM_WG_D8(C, 8), MAXSIM_WG_D8(C, 16), MAXSIM_WG_D8(C, 24),            \
+  MAXSIM_WG_D8(C, 32), MAXSIM_WG_D8(C, 40), MAXSIM_WG_D8(C, 48), MAXSIM_WG_D8(C, 56)
 // D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, fp32 accumulators: thread's d[4j + e] holds
 // row (warp % 4) * 16 + lane / 4 + 8 * (e / 2), column 8j + (lane % 4) * 2 + e % 2 of the
 // warpgroup's tile, the m16n8 layout repeated over 16 column blocks. A and B are read from shared
@@ -106,23 +128,36 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MAXSIM_F(x) "+f"(x)
 #define MAXSIM_WG_ASM(TYPE)                                                                        \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                             \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "          \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_REGS             \
       "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
-      : MAXSIM_WG_D8(0), MAXSIM_WG_D8(8), MAXSIM_WG_D8(16), MAXSIM_WG_D8(24), MAXSIM_WG_D8(32),   \
-        MAXSIM_WG_D8(40), MAXSIM_WG_D8(48), MAXSIM_WG_D8(56)                                      \
+      : MAXSIM_WG_OUT(MAXSIM_F)                                                                    \
       : "l"(a), "l"(b), "r"(int(accumulate)))
   if constexpr (kBf16) MAXSIM_WG_ASM("bf16");
   else MAXSIM_WG_ASM("f16");
 #undef MAXSIM_WG_ASM
+#undef MAXSIM_F
 #endif
 }
+// The same tile on int8 codes: D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T, int32 accumulators in
+// the same places. A k32 step of codes spans the 32 bytes of an fp16 k16 step, so the descriptors
+// advance alike.
+__device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MAXSIM_R(x) "+r"(x)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " MAXSIM_WG_REGS "%64, %65, p;\n}\n"
+      : MAXSIM_WG_OUT(MAXSIM_R)
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+#undef MAXSIM_R
+#endif
+}
+#undef MAXSIM_WG_OUT
+#undef MAXSIM_WG_REGS
 #undef MAXSIM_WG_D8
 
 // ---- Hopper TMA (sm_90): one thread loads a tile box into shared memory; an mbarrier counts the

@@ -31,7 +31,9 @@ struct PairMap {
 };
 
 // How documents are stored: in the queries' dtype, or as 8-bit codes with one scale per token.
-enum class Codes : int { kNone = 0, kInt8 = 1, kE4m3 = 2 };
+// kInt8x8: queries int8 codes too, both passed as fp16 pairs of codes (q, d and dim in 16-bit
+// elements, two codes each) for the integer tensor cores.
+enum class Codes : int { kNone = 0, kInt8 = 1, kE4m3 = 2, kInt8x8 = 3 };
 
 struct FwdParams {
   TokenSet q, d;

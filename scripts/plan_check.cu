@@ -4,7 +4,7 @@
 // queries fail and the planner falls back to one resident block).
 //
 //   nvcc -std=c++17 -I csrc scripts/plan_check.cu csrc/fwd.cu csrc/fwd_codes_int8.cu \
-//        csrc/fwd_codes_e4m3.cu -gencode=arch=compute_80,code=compute_80 -o build/plan_check
+//        csrc/fwd_codes_e4m3.cu csrc/fwd_int8x8.cu -gencode=arch=compute_80,code=compute_80 -o build/plan_check
 #include <cstdio>
 #include "launch.h"
 

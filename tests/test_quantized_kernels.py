@@ -101,7 +101,9 @@ def test_which_calls_take_the_8bit_kernels(fmt):
     for dtype in HALF:
         assert scaled_operands(Q.to(dtype), qD, **route) is not None
         assert scaled_operands(maxsim.quantize(Q, fmt), qD.dequantize(dtype), **route) is not None
-    assert scaled_operands(maxsim.quantize(Q, fmt), qD, **route) is not None
+    both = scaled_operands(maxsim.quantize(Q, fmt), qD, **route)
+    # int8 x int8 keeps the queries' codes for the integer tensor cores; fp8 ones become fp16
+    assert both[0].dtype == (torch.int8 if fmt == "int8" else torch.float16)
     assert scaled_operands(Q, qD, **route) is None  # fp32 queries
     assert scaled_operands(Q.half(), qD, normalize=True, ops=route["ops"]) is None
     assert scaled_operands(Q.half().requires_grad_(), qD, **route) is None
@@ -131,18 +133,22 @@ SHAPES = [  # Nq, Lq, Nd, Ld, H
     (2, 130, 3, 1030, 16),
     (1, 32, 2, 4000, 128),  # few long documents: the column-split path
     (16, 32, 300, 65, 128),  # many short queries: the 128-row all-pairs tile
+    (64, 32, 600, 140, 128),  # enough of them for Hopper's wgmma tile
 ]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("masks", [False, True], ids=["dense", "masked"])
-@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("queries", ["float16", "bfloat16", "int8"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_allpairs(fmt, dtype, masks, shape, kernel_route):
+def test_allpairs(fmt, queries, masks, shape, kernel_route):
+    """Float queries against 8-bit documents, and int8 queries too (int8 documents: the integer
+    tensor cores; fp8 documents: the queries' codes as fp16)."""
     nq, lq, nd, ld, h = shape
     Q, q_len, q_mask, q_valid = padded(nq, lq, h, masks)
     D, d_len, d_mask, d_valid = padded(nd, ld, h, masks)
-    Q, qD = Q.to(dtype), maxsim.quantize(D, fmt)
+    Q = maxsim.quantize(Q, "int8") if queries == "int8" else Q.to(getattr(torch, queries))
+    qD = maxsim.quantize(D, fmt)
     kw = dict(q_mask=q_mask, d_mask=d_mask, q_lengths=q_len, d_lengths=d_len)
     ref = reference(Q, qD, q_valid if masks else None, d_valid if masks else None)
     check(maxsim.maxsim(Q, qD, **kw), None, ref)
@@ -211,6 +217,40 @@ def test_varlen(fmt, dtype, mode, kernel_route):
     check(got, None, want)
 
 
+@pytest.mark.parametrize("mode", ["candidates", "pairs", "varlen-pairs", "long-query"])
+def test_int8_queries_int8_documents(mode, kernel_route):
+    """The integer tensor-core path through the other layouts (all pairs: test_allpairs)."""
+    nq, k, lq, ld, h = 4, 3, 40, 90, 128
+    if mode == "long-query":
+        lq = 300  # row tiles whose partial sums a second kernel adds
+    Q, q_len, q_mask, q_valid = padded(nq, lq, h)
+    D, d_len, d_mask, d_valid = padded(nq * k, ld, h)
+    qQ, qD = maxsim.quantize(Q, "int8"), maxsim.quantize(D, "int8")
+    want = reference(qQ, qD, q_valid, d_valid)
+    if mode in ("candidates", "long-query"):
+        cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
+        got = maxsim.maxsim_with_argmax(
+            qQ, cand, q_mask, d_mask.view(nq, k, ld), q_lengths=q_len,
+            d_lengths=d_len.view(nq, k),
+        )
+        check(*got, grouped(want, k))
+    elif mode == "pairs":
+        got = maxsim.maxsim_pairs(qQ, qD[:nq], q_valid, d_valid[:nq])
+        check(got.view(-1, 1), None, grouped(reference(qQ, qD[:nq], q_valid, d_valid[:nq]), 1))
+    else:
+        q_in, d_in = prefix(q_len, lq), prefix(d_len, ld)
+        packed_q = QuantizedTokens(qQ.codes[q_in], qQ.scale[q_in])
+        packed_d = QuantizedTokens(qD.codes[d_in], qD.scale[d_in])
+        cu_q, cu_d = offsets_of(q_len).int(), offsets_of(d_len).int()
+        pq = torch.randint(0, nq, (7,), device=DEVICE)
+        pd = torch.randint(0, nq * k, (7,), device=DEVICE)
+        got = maxsim.maxsim_varlen(
+            packed_q, cu_q, packed_d, cu_d, pair_q=pq, pair_d=pd, max_seqlen_q=lq,
+            q_mask=q_mask[q_in], d_mask=d_mask[d_in],
+        )
+        check(got, None, tuple(r[pq, pd] for r in want))
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_retrieve(fmt, dtype, kernel_route):
@@ -228,9 +268,12 @@ def test_retrieve(fmt, dtype, kernel_route):
 
 
 @pytest.mark.parametrize("ld", [50, 4000])
+@pytest.mark.parametrize("queries", ["float16", "int8"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_duplicated_tokens_give_the_first_index(fmt, ld, kernel_route):
+def test_duplicated_tokens_give_the_first_index(fmt, queries, ld, kernel_route):
     Q = tokens(3, 32, 64).to(DEVICE).half()
+    if queries == "int8":
+        Q = maxsim.quantize(Q, "int8")
     distinct = tokens(2, 6, 64)  # each document: 6 distinct tokens, repeated all over
     D = distinct[torch.arange(2)[:, None], torch.randint(0, 6, (2, ld))]
     qD = maxsim.quantize(D.to(DEVICE), fmt)
@@ -268,15 +311,24 @@ def test_raw_op_errors_name_maxsim():
         call(q, d.cpu(), scale)
     with pytest.raises(RuntimeError, match="maxsim.*embedding dim"):
         call(q, d[..., :16].contiguous(), scale)
-    with pytest.raises(RuntimeError, match="maxsim.*float16 or bfloat16"):
+    with pytest.raises(RuntimeError, match="maxsim.*float16, bfloat16 or int8"):
         call(q.float(), d, scale)
     with pytest.raises(RuntimeError, match="maxsim.*d_scale"):
         call(q, d, None)
+    q8 = torch.randint(-127, 128, (2, 8, 32), device=DEVICE, dtype=torch.int8)
+    q_scale = torch.rand(2, 8, device=DEVICE)
+    with pytest.raises(RuntimeError, match="maxsim.*q_scale"):
+        call(q8, d, scale)
+    with pytest.raises(RuntimeError, match="maxsim.*int8 documents"):
+        ops.fwd_scaled(q8, q_scale, d.view(torch.float8_e4m3fn), scale, *(None,) * 8, ALLPAIRS, 0, 8, False)
 
 
+@pytest.mark.parametrize("queries", ["float16", "int8"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_cuda_graph_capture_matches_eager(fmt, kernel_route):
+def test_cuda_graph_capture_matches_eager(fmt, queries, kernel_route):
     Q = tokens(4, 32, 128).to(DEVICE).half()
+    if queries == "int8":
+        Q = maxsim.quantize(Q, "int8")
     qD = maxsim.quantize(tokens(16, 100, 128).to(DEVICE), fmt)
     d_mask = random_mask((16, 100), DEVICE)
 
@@ -284,7 +336,13 @@ def test_cuda_graph_capture_matches_eager(fmt, kernel_route):
         return maxsim.maxsim(Q, qD, d_mask=d_mask, backend="cuda")
 
     graph, captured = capture(step)
-    Q.copy_(tokens(4, 32, 128).to(DEVICE).half())  # new inputs in the same buffers
+    fresh = tokens(4, 32, 128).to(DEVICE).half()  # new inputs in the same buffers
+    if queries == "int8":
+        fresh = maxsim.quantize(fresh, "int8")
+        Q.codes.copy_(fresh.codes)
+        Q.scale.copy_(fresh.scale)
+    else:
+        Q.copy_(fresh)
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, step(), rtol=0, atol=0)

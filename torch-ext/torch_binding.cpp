@@ -197,8 +197,9 @@ const float* scale_ptr(const OptTensor& scale, const Tensor& x, const char* name
 }
 
 // Inference on scaled tokens: documents as int8 / float8_e4m3fn codes with d_scale (or in the
-// queries' dtype without it), queries fp16 / bf16 with an optional per-row q_scale. Scores are
-// sum_i q_scale_i * max_j d_scale_j * <q_i, d_j>, accumulated in fp32.
+// queries' dtype without it), queries fp16 / bf16 with an optional per-row q_scale, or int8 codes
+// with q_scale against int8 documents (integer tensor cores). Scores are
+// sum_i q_scale_i * max_j d_scale_j * <q_i, d_j>, accumulated in fp32 (int32 for int8 x int8).
 std::tuple<Tensor, Tensor> fwd_scaled(const Tensor& q_in, const OptTensor& q_scale, const Tensor& d_in,
                                       const OptTensor& d_scale, const OptTensor& q_offsets,
                                       const OptTensor& q_lengths, const OptTensor& q_mask,
@@ -206,20 +207,36 @@ std::tuple<Tensor, Tensor> fwd_scaled(const Tensor& q_in, const OptTensor& q_sca
                                       const OptTensor& d_mask, const OptTensor& pair_q,
                                       const OptTensor& pair_d, int64_t layout, int64_t group,
                                       int64_t max_lq, bool with_argmax) {
-  const maxsim::DType dt = dtype_of(q_in);
-  TORCH_CHECK(dt != maxsim::DType::kF32, "maxsim: scaled scoring takes float16 or bfloat16 queries");
+  const bool int8x8 = q_in.scalar_type() == at::kChar;
   TORCH_CHECK(q_in.device() == d_in.device(), "maxsim: queries and documents are on different devices");
   TORCH_CHECK(q_in.size(-1) == d_in.size(-1), "maxsim: queries and documents differ in embedding dim");
   maxsim::Codes codes = maxsim::Codes::kNone;
-  if (d_in.scalar_type() == at::kChar) codes = maxsim::Codes::kInt8;
-  else if (d_in.scalar_type() == at::kFloat8_e4m3fn) codes = maxsim::Codes::kE4m3;
-  else TORCH_CHECK(d_in.scalar_type() == q_in.scalar_type(), "maxsim: documents must be int8 or float8_e4m3fn codes, or in the queries' dtype");
+  if (int8x8) {
+    TORCH_CHECK(d_in.scalar_type() == at::kChar, "maxsim: int8 queries take int8 documents");
+    TORCH_CHECK(q_scale.has_value(), "maxsim: int8 queries need q_scale");
+    TORCH_CHECK(q_in.size(-1) % 16 == 0, "maxsim: int8 x int8 scoring needs an embedding dim that is a multiple of 16");
+    codes = maxsim::Codes::kInt8x8;
+  } else if (d_in.scalar_type() == at::kChar) {
+    codes = maxsim::Codes::kInt8;
+  } else if (d_in.scalar_type() == at::kFloat8_e4m3fn) {
+    codes = maxsim::Codes::kE4m3;
+  } else {
+    TORCH_CHECK(d_in.scalar_type() == q_in.scalar_type(), "maxsim: documents must be int8 or float8_e4m3fn codes, or in the queries' dtype");
+  }
+  const maxsim::DType dt = int8x8 ? maxsim::DType::kF16 : dtype_of(q_in);
+  TORCH_CHECK(dt != maxsim::DType::kF32, "maxsim: scaled scoring takes float16, bfloat16 or int8 queries");
   TORCH_CHECK((codes != maxsim::Codes::kNone) == d_scale.has_value(), "maxsim: d_scale goes with 8-bit documents, and only with them");
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const Tensor q = q_in.contiguous();
+  Tensor q = q_in.contiguous();
   Tensor d = d_in.contiguous();
   // The kernels copy 16 bytes at a time: a view starting mid-row gets an aligned copy.
   if (reinterpret_cast<uintptr_t>(d.data_ptr()) % 16 != 0) d = d.clone();
+  // Int8 x int8: the kernels take each row as fp16 pairs of codes (half as many elements).
+  if (int8x8) {
+    if (reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 != 0) q = q.clone();
+    q = q.view(at::kHalf);
+    d = d.view(at::kHalf);
+  }
   maxsim::FwdParams p;
   std::vector<int64_t> shape;
   fill_fwd(p, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,

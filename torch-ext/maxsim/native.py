@@ -76,7 +76,7 @@ def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None,
         return plain
     Q, D, q_scale, d_scale = operands(Q, D, normalize, backend)
     codes = d_scale is not None
-    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
+    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"), codes=q_scale is not None)
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
         raise ValueError(
@@ -166,7 +166,7 @@ def maxsim_pairs(Q, D, q_mask=None, d_mask=None, *, normalize=False, backend="au
     """
     Q, D, q_scale, d_scale = operands(Q, D, normalize, backend)
     codes = d_scale is not None
-    Q = check.embeddings("Q", Q, ("B", "Lq", "H"))
+    Q = check.embeddings("Q", Q, ("B", "Lq", "H"), codes=q_scale is not None)
     D = check.embeddings("D", D, ("B", "Ld", "H"), codes=codes)
     check.same_space("Q", Q, "D", D, same_dtype=not codes)
     if D.size(0) != Q.size(0):
@@ -210,7 +210,7 @@ def maxsim_varlen(
     """
     q, d, q_scale, d_scale = operands(q, d, normalize, backend)
     codes = d_scale is not None
-    q = check.embeddings("q", q, ("Tq", "H"))
+    q = check.embeddings("q", q, ("Tq", "H"), codes=q_scale is not None)
     d = check.embeddings("d", d, ("Td", "H"), codes=codes)
     check.same_space("q", q, "d", d, same_dtype=not codes)
     queries = check.packed(

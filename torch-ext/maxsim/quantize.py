@@ -6,7 +6,8 @@ the dequantized values, computed exactly: the ranking matches float64 arithmetic
 ``dequantize(x)``. On CUDA (sm_80+, embedding dim a multiple of 16 up to 256) the documents' codes
 stream through the tensor-core kernels at one byte per value: every int8 and e4m3 code is exact in
 fp16 / bf16, so each code product is exact in fp32, and the token scales multiply the fp32 dot
-products before the max. Elsewhere (CPU, other dims, fp32 queries, or a call that needs gradients
+products before the max. INT8 queries against INT8 documents run on the integer tensor cores
+(int32 sums, exact) with neither side converted. Elsewhere (CPU, other dims, fp32 queries, or a call that needs gradients
 or ``normalize=True``) the codes are dequantized to fp32 and take the exact fp32 path.
 """
 
@@ -117,8 +118,9 @@ def _tensor_cores(device: torch.device) -> bool:
 
 def scaled_operands(Q, D, *, normalize: bool, ops):
     """``(Q, q_scale, D, d_scale)`` for the CUDA kernels' ``fwd_scaled`` when a quantized call can
-    run on them, else None (the call then dequantizes). Quantized queries become their codes in
-    fp16 / bf16 (exact) with ``q_scale``; quantized documents stay 8-bit codes with ``d_scale``."""
+    run on them, else None (the call then dequantizes). Quantized documents stay 8-bit codes with
+    ``d_scale``. Quantized queries stay int8 codes against int8 documents (integer tensor cores);
+    otherwise they become their codes in fp16 / bf16 (exact), with ``q_scale`` either way."""
     q_quant, d_quant = type(Q) is QuantizedTokens, type(D) is QuantizedTokens
     if not (q_quant or d_quant) or normalize or not hasattr(ops, "fwd_scaled"):
         return None
@@ -143,8 +145,10 @@ def scaled_operands(Q, D, *, normalize: bool, ops):
     float_side = D if q_quant and not d_quant else Q if not q_quant else None
     if float_side is not None and float_side.requires_grad and torch.is_grad_enabled():
         return None  # gradients go through the dequantized, differentiable path
+    int8x8 = q_quant and d_quant and Q.codes.dtype == torch.int8 and D.codes.dtype == torch.int8
     if q_quant:
-        q, q_scale = Q.codes.to(dtype), Q.scale.float().contiguous()
+        q = Q.codes if int8x8 else Q.codes.to(dtype)
+        q_scale = Q.scale.float().contiguous()
     else:
         q, q_scale = Q, None
     if d_quant:

@@ -73,7 +73,7 @@ def retrieve(
             Q = Q.float()
     else:
         corpus = stand_in = check.embeddings("corpus", corpus, ("Nd", "Ld", "H"))
-    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
+    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"), codes=q_scale is not None)
     check.same_space("Q", Q, "corpus", stand_in, same_dtype=not codes)
     nq, lq = Q.shape[:2]
     nd = corpus.size(0)
