@@ -208,6 +208,14 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   int p_item = item_begin;
   Segment p_seg = segment_of(p.d, item_doc(p_item));
   int p_tile = span_of(p_seg).begin;
+  // Blocks of several 8-bit documents (one wave of them, FwdGrid) look up each document's segment
+  // one document ahead, producer and consumer alike, so that the lookup never stalls the pipeline
+  // at a document boundary (kernel time, H100: ragged rerank_colpali_int8 49.9 -> 43.6 us,
+  // rerank_heavy_int8 43.0 -> 40.6 us). 16-bit blocks mostly hold one document, and the wgmma
+  // tile's documents span many tiles.
+  constexpr bool kAhead = Cfg::kScaled && !Cfg::kWide;
+  auto ahead = [&](int it) { return kAhead && it < item_end ? segment_of(p.d, item_doc(it)) : Segment{}; };
+  Segment p_next = ahead(p_item + 1);
 
   // Which query rows count, and their scales: read in the epilogue only, so at the start they
   // are looked up after the first copies are issued.
@@ -324,7 +332,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
       }
       if (++p_tile == p_span.end) {
-        if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
+        if (++p_item < item_end) {
+          p_seg = kAhead ? p_next : segment_of(p.d, item_doc(p_item));
+          p_next = ahead(p_item + 1);
+        }
         p_tile = span_of(p_seg).begin;
       }
     }
@@ -356,6 +367,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   int c_item = item_begin, stage = 0;
   TileSpan c_span = span_of(segment_of(p.d, item_doc(c_item)));
+  Segment c_next = ahead(c_item + 1);
   int c_tile = c_span.begin;
   int loaded_q = q0;
 
@@ -713,7 +725,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       tile_max(acc, ok, col0);
       if (++c_tile == c_span.end) {
         end_doc(c_item);
-        if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
+        if (++c_item < item_end) {
+          c_span = span_of(kAhead ? c_next : segment_of(p.d, item_doc(c_item)));
+          c_next = ahead(c_item + 1);
+        }
         c_tile = c_span.begin;
       }
       stage = (stage + 1) % STAGES;
