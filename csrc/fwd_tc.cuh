@@ -208,14 +208,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   int p_item = item_begin;
   Segment p_seg = segment_of(p.d, item_doc(p_item));
   int p_tile = span_of(p_seg).begin;
-  // Blocks of several 8-bit documents (one wave of them, FwdGrid) look up each document's segment
-  // one document ahead, producer and consumer alike, so that the lookup never stalls the pipeline
-  // at a document boundary (kernel time, H100: ragged rerank_colpali_int8 49.9 -> 43.6 us,
-  // rerank_heavy_int8 43.0 -> 40.6 us). 16-bit blocks mostly hold one document, and the wgmma
-  // tile's documents span many tiles.
-  constexpr bool kAhead = Cfg::kScaled && !Cfg::kWide;
-  auto ahead = [&](int it) { return kAhead && it < item_end ? segment_of(p.d, item_doc(it)) : Segment{}; };
-  Segment p_next = ahead(p_item + 1);
 
   // Which query rows count, and their scales: read in the epilogue only, so at the start they
   // are looked up after the first copies are issued.
@@ -274,13 +266,16 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   if constexpr (kWg) fence_proxy_async();  // the query tile's stores, then wgmma's reads
   // The mask bytes (and code scales) of a tile are loaded into registers when the tile is issued
   // and stored to shared memory one iteration later, so their latency hides behind a tile of work.
-  bool mask_reg = true;
+  // The loaded values are only stored (and combined with `in_reg`) here, never in `issue`: any
+  // use there makes the warp wait for the loads at once (a select on a loaded scale cost ragged
+  // rerank_colpali_int8 10% of its kernel time on the H100).
+  bool in_reg = false, mask_reg = true;
   float scale_reg = 0.f;
   int mask_stage = -1;
   auto stage_mask = [&]() {
     if (mask_stage >= 0 && tid < BN) {
-      mask_s[mask_stage * BN + tid] = mask_reg;
-      if constexpr (kScaled) scale_s[mask_stage * BN + tid] = scale_reg;
+      mask_s[mask_stage * BN + tid] = in_reg && mask_reg;
+      if constexpr (kScaled) scale_s[mask_stage * BN + tid] = in_reg ? scale_reg * kCodeFold<DT, T> : 0.f;
     }
     mask_stage = -1;
   };
@@ -291,10 +286,12 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       const TileSpan p_span = span_of(p_seg);  // recomputed: cheaper than a live register
       if (p.d.mask != nullptr || kScaled) {
         const int s = p_tile * BN + tid;
-        const bool in = tid < BN && s < p_span.cols;
-        mask_reg = in && (p.d.mask == nullptr || p.d.mask[p_seg.first_row + s]);
-        if constexpr (kScaled)
-          scale_reg = in ? p.d_scale[p_seg.first_row + s] * kCodeFold<DT, T> : 0.f;
+        in_reg = tid < BN && s < p_span.cols;
+        // Predicated loads: a column out of range keeps stale values, which in_reg discards.
+        if (in_reg && p.d.mask != nullptr) mask_reg = p.d.mask[p_seg.first_row + s];
+        if constexpr (kScaled) {
+          if (in_reg) scale_reg = p.d_scale[p_seg.first_row + s];
+        }
         mask_stage = stage;
       }
       const int row0 = p_tile * BN;
@@ -332,10 +329,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
       }
       if (++p_tile == p_span.end) {
-        if (++p_item < item_end) {
-          p_seg = kAhead ? p_next : segment_of(p.d, item_doc(p_item));
-          p_next = ahead(p_item + 1);
-        }
+        if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
         p_tile = span_of(p_seg).begin;
       }
     }
@@ -367,7 +361,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   int c_item = item_begin, stage = 0;
   TileSpan c_span = span_of(segment_of(p.d, item_doc(c_item)));
-  Segment c_next = ahead(c_item + 1);
   int c_tile = c_span.begin;
   int loaded_q = q0;
 
@@ -725,10 +718,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       tile_max(acc, ok, col0);
       if (++c_tile == c_span.end) {
         end_doc(c_item);
-        if (++c_item < item_end) {
-          c_span = span_of(kAhead ? c_next : segment_of(p.d, item_doc(c_item)));
-          c_next = ahead(c_item + 1);
-        }
+        if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
         c_tile = c_span.begin;
       }
       stage = (stage + 1) % STAGES;
