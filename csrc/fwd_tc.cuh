@@ -267,8 +267,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // The mask bytes (and code scales) of a tile are loaded into registers when the tile is issued
   // and stored to shared memory one iteration later, so their latency hides behind a tile of work.
   // The loaded values are only stored (and combined with `in_reg`) here, never in `issue`: any
-  // use there makes the warp wait for the loads at once (a select on a loaded scale cost ragged
-  // rerank_colpali_int8 10% of its kernel time on the H100).
+  // use there makes the warp wait for the loads at once (a select on a loaded scale made ragged
+  // rerank_colpali_int8 take 48.9 instead of 42.7 us of kernel time on the H100).
   bool in_reg = false, mask_reg = true;
   float scale_reg = 0.f;
   int mask_stage = -1;
