@@ -202,8 +202,8 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // Hopper runs the 128-row tile on wgmma: 16-bit documents, dims of whole 64-wide swizzle atoms
   // (at most two), a query tile that stays (all-pairs and grouped layouts), and enough document
   // tiles to keep its two resident blocks per SM streaming (>= ~32 per SM).
-  if (plan.tile == Tile::kLarge && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) && p.pairs.layout != kPairs &&
-      tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {
+  if (plan.tile == Tile::kLarge && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) &&
+      p.pairs.layout != kPairs && tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
   }
@@ -211,7 +211,8 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // rerank_colpali 68.8 -> 62.8 us); documents of a few 64-row tiles do not (rerank_heavy, Ld
   // 128..256: 77 -> 80 us), and packed documents' lengths are not known here. Measured on the
   // H100 alone, whose 228 KB per SM hold two of its 107 KB blocks.
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) && p.d.offsets == nullptr && p.d.pad_len >= 512 &&
+  if (plan.tile == Tile::kSmall && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) &&
+      p.d.offsets == nullptr && p.d.pad_len >= 512 &&
       tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
     plan.tile = Tile::kStream;
   const int items = std::max(1, num_items(p));
@@ -313,12 +314,11 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
   if (plan.tile == Tile::kSimt) {  // never with codes: the binding refuses that plan
     if (argmax) launch_simt<true>(p, dtype, dev, stream);
     else launch_simt<false>(p, dtype, dev, stream);
-  } else if (plan.tile == Tile::kWide) {  // 16-bit rows only (make_plan)
-    FwdParams wide = p;
-    wide.d_tma = encode_documents(wide, dtype);
-    with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(wide, plan, dtype, stream); });
   } else {
-    with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(p, plan, dtype, stream); });
+    // The wgmma tile (16-bit rows only, make_plan) loads its document tiles by TMA where it can.
+    FwdParams tc = p;
+    if (plan.tile == Tile::kWide) tc.d_tma = encode_documents(tc, dtype);
+    with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }
   if (plan.grid.splits > 1) {
     const int threads = 256, blocks = static_cast<int>((int64_t(p.pairs.num_pairs) * 32 + threads - 1) / threads);

@@ -7,8 +7,9 @@ the dequantized values, computed exactly: the ranking matches float64 arithmetic
 stream through the tensor-core kernels at one byte per value: every int8 and e4m3 code is exact in
 fp16 / bf16, so each code product is exact in fp32, and the token scales multiply the fp32 dot
 products before the max. INT8 queries against INT8 documents run on the integer tensor cores
-(int32 sums, exact) with neither side converted. Elsewhere (CPU, other dims, fp32 queries, or a call that needs gradients
-or ``normalize=True``) the codes are dequantized to fp32 and take the exact fp32 path.
+(int32 sums, exact) with neither side converted. Elsewhere (CPU, other dims, fp32 queries, or a
+call that needs gradients or ``normalize=True``) the codes are dequantized to fp32 and take the
+exact fp32 path.
 """
 
 import functools
