@@ -46,6 +46,8 @@ CASES = {
     "rerank_colpali_int8x8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8x8"),
     "corpus_int8x8": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, "int8x8"),
     "corpus_int8": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, "int8"),
+    "corpus_int8_bf16": ("bf16", (16, 32), (10000, 1024), ALL, 0, False, "int8"),
+    "corpus_fp8": ("fp16", (16, 32), (10000, 1024), ALL, 0, False, "fp8"),
 }
 # The same cases with document lengths drawn from [Ld / 2, Ld] (as bench.py draws them): padding
 # rows are never read, so these time the real-token traffic of the benchmark rows.
@@ -59,6 +61,7 @@ RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
           "rerank_heavy_int8x8_len": "rerank_heavy_int8x8",
           "rerank_colpali_int8x8_len": "rerank_colpali_int8x8",
           "corpus_int8x8_len": "corpus_int8x8", "corpus_int8_len": "corpus_int8",
+          "corpus_fp8_len": "corpus_fp8",
           "corpus_len": "corpus", "allpairs_large_len": "allpairs_large",
           "train_colpali_fwd_len": "train_colpali_fwd"}
 # Ragged documents described by a mask instead, with holes as PyLate's punctuation skiplist makes

@@ -199,10 +199,10 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     case kGrouped: plan.grid.q_tiles = p.q.count * plan.grid.m_tiles; break;
     default: plan.grid.q_tiles = plan.grid.m_tiles; break;
   }
-  // Hopper runs the 128-row tile on wgmma: 16-bit documents, dims of whole 64-wide swizzle atoms
-  // (at most two), a query tile that stays (all-pairs and grouped layouts), and enough document
-  // tiles to keep its two resident blocks per SM streaming (>= ~32 per SM).
-  if (plan.tile == Tile::kLarge && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) &&
+  // Hopper runs the 128-row tile on wgmma: dims of whole 64-wide swizzle atoms (at most two), a
+  // query tile that stays (all-pairs and grouped layouts), and enough document tiles to keep its
+  // two resident blocks per SM streaming (>= ~32 per SM).
+  if (plan.tile == Tile::kLarge && dev.sm == 90 && (p.dim == 64 || p.dim == 128) &&
       p.pairs.layout != kPairs && tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
@@ -315,9 +315,10 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     if (argmax) launch_simt<true>(p, dtype, dev, stream);
     else launch_simt<false>(p, dtype, dev, stream);
   } else {
-    // The wgmma tile (16-bit rows only, make_plan) loads its document tiles by TMA where it can.
+    // The wgmma tile loads 16-bit document tiles by TMA where it can (codes: cp.async).
     FwdParams tc = p;
-    if (plan.tile == Tile::kWide) tc.d_tma = encode_documents(tc, dtype);
+    if (plan.tile == Tile::kWide && (p.codes == Codes::kNone || p.codes == Codes::kInt8x8))
+      tc.d_tma = encode_documents(tc, dtype);
     with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }
   if (plan.grid.splits > 1) {

@@ -22,7 +22,8 @@ namespace fwd_detail {
 //          Hopper's wgmma (sm_90a builds; the same template runs mma.sync elsewhere), for
 //          D = 64 / 128 and enough document tiles to keep it streaming; two blocks per SM of
 //          two stages each, so that one block's max overlaps the other's wgmma. About 1.9x
-//          kLarge's speed on the H100 (kernel time, corpus and allpairs_large).
+//          kLarge's speed on the H100 (kernel time, corpus and allpairs_large). 8-bit codes
+//          stage as bytes and are turned into one 16-bit operand tile per step.
 //  kStream 32 x 128, 8 warps: kSmall's work on 16-bit documents with D a multiple of 64, in
 //          swizzled (unpadded) stages, so that two blocks per SM keep four 32 KB tiles in flight.
 
@@ -35,11 +36,11 @@ template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN =
 
 using Plan = FwdPlan;
 
-// Which instances a document storage is built for: the wgmma tile (kWide) and the 8-warp
-// streaming tile (kStream) take 16-bit rows only (the planner never picks them for codes turned
-// into operands), and int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
+// Which instances a document storage is built for: the 8-warp streaming tile (kStream) takes
+// 16-bit rows only (the planner never picks it for codes turned into operands), and int8 x int8
+// rows are fp16 pairs of codes (no bf16 instance).
 template <Tile kTile, typename DT, typename T>
-constexpr bool kInstanceOf = ((kTile != Tile::kWide && kTile != Tile::kStream) || !kIsCodes<DT>) &&
+constexpr bool kInstanceOf = (kTile != Tile::kStream || !kIsCodes<DT>) &&
                              !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
 
 // 8-bit tiles take half the shared memory: three stages for the mma.sync shapes, which leaves

@@ -47,7 +47,10 @@ struct FwdTC {
   static constexpr bool kSliced = WM * WN == 4;
   // Two warpgroups over 64 rows each and every column: on sm_90a the tile runs on wgmma, its
   // shared-memory tiles stored with the 128-byte swizzle (mma.cuh) instead of padded rows.
-  static constexpr bool kWide = WM == 8 && WN == 1 && !kCodes;
+  // 8-bit codes take it too: each staged tile of codes is turned into a 16-bit operand tile
+  // (kConverted) that the wgmma reads, so stages of bytes stream at half the bytes.
+  static constexpr bool kWide = WM == 8 && WN == 1;
+  static constexpr bool kConverted = kWide && kCodes;
   // The 8-warp streaming tile stores 16-bit rows unpadded, their 16-byte chunks XOR-swizzled by
   // row % 8 within each 128-byte group (conflict-free copies and ldmatrix), where D fills whole
   // groups; the shared memory saved fits a second block per SM.
@@ -59,12 +62,15 @@ struct FwdTC {
   // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
   __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || swizzled(dim) ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
+  // The converted tiles read whole rows, 16 bytes per lane: unpadded.
   __host__ __device__ static int ldd(int dim) {
+    if constexpr (kConverted) return kdim(dim);
     if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
     return ldq(dim);
   }
   static size_t smem_bytes(int dim) {
-    return size_t(BM) * ldq(dim) * sizeof(T) + size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
+    return size_t(BM) * ldq(dim) * sizeof(T) + (kConverted ? size_t(BN) * kdim(dim) * sizeof(T) : 0) +
+           size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
            size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kScaled ? 5 : 1) +
            (kWide ? 8 + STAGES * 8 : 0);  // the TMA loads' mbarriers, 8-byte aligned
   }
@@ -98,7 +104,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the wgmma swizzle atoms
   T* q_s = reinterpret_cast<T*>(smem_raw);
-  DElem* d_s = reinterpret_cast<DElem*>(q_s + BM * lds);
+  T* ops_s = q_s + BM * lds;  // kConverted: the 16-bit operand tile wgmma reads (1024-aligned)
+  DElem* d_s = reinterpret_cast<DElem*>(ops_s + (Cfg::kConverted ? BN * kdim : 0));
   float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * ldd);
   int* red_i = reinterpret_cast<int*>(red_v + WN * BM);
   float* row_val = reinterpret_cast<float*>(red_i + WN * BM);
@@ -111,6 +118,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / WN, warp_n = warp % WN;
+  const bool d_tma = p.d_tma && !Cfg::kConverted;  // TMA boxes: 16-bit rows only
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kWg = Cfg::kWide;
 #else
@@ -295,7 +303,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         mask_stage = stage;
       }
       const int row0 = p_tile * BN;
-      if (kWg && p.d_tma) {
+      if (kWg && d_tma) {
         // One thread loads the tile as 64-dim boxes (the tensor map swizzles them the way wgmma
         // reads); rows past this document are masked by `cols`, past the tensor zero-filled.
         if (tid == 0) {
@@ -305,7 +313,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           for (int atom = 0; atom < kdim / 64; ++atom)
             tma_load_2d(tile + atom * BN * 64, p.d_tmap, atom * 64, grow, full + stage);
         }
-      } else if constexpr (kWg) {
+      } else if constexpr (kWg && !kCodes) {
         // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads;
         // the wgmma tile's dims fill whole 64-dim atoms, so every chunk is in range). A thread's
         // rows are wg_step (a multiple of 8) apart, so its chunk's swizzled column never changes
@@ -346,7 +354,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   }
   load_row_flags(q0);
   // The TMA barriers' initialisation must be visible to every thread before the first step.
-  if (kWg && p.d_tma) __syncthreads();
+  if (kWg && d_tma) __syncthreads();
 
   // ---- consumer state
   float best_v[MT][2];
@@ -590,21 +598,51 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     // Descriptors of this warpgroup's 64 query rows and of stage 0, first k step; a k step or a
     // stage moves the start address only (its field holds address / 16, no carry out).
     const uint64_t a_desc = smem_desc_sw128(q_s + (warp / 4) * 64 * 64);
-    const uint64_t b_desc = smem_desc_sw128(d_s);
+    const uint64_t b_desc = smem_desc_sw128(Cfg::kConverted ? ops_s : reinterpret_cast<const T*>(d_s));
     auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
+    // kConverted: stage s's codes -> the operand tile, swizzled as wgmma reads it. A lane turns
+    // one 16-byte chunk of codes (dims 16k .. 16k+15 of row r) into operand chunks 2k and 2k+1;
+    // lanes of the second 64-dim atom store the odd chunk first, so that each store of eight
+    // lanes fills distinct banks.
+    auto convert_tile = [&](int s) {
+      if constexpr (Cfg::kConverted) {
+        const int cpr = kdim / 16;
+        const uint8_t* codes = reinterpret_cast<const uint8_t*>(d_s) + s * BN * ldd;
+#pragma unroll
+        for (int c = tid; c < BN * cpr; c += Cfg::kThreads) {
+          const int r = c / cpr, k = c % cpr;
+          const uint4 w = *reinterpret_cast<const uint4*>(codes + r * ldd + k * 16);
+          uint4 lo, hi;
+          codes_to_pairs<DT, T>(w.x, lo.x, lo.y);
+          codes_to_pairs<DT, T>(w.y, lo.z, lo.w);
+          codes_to_pairs<DT, T>(w.z, hi.x, hi.y);
+          codes_to_pairs<DT, T>(w.w, hi.z, hi.w);
+          const bool odd_first = (k / 4) % 2;
+          *reinterpret_cast<uint4*>(ops_s + swz(r, 2 * k + odd_first, BN)) = odd_first ? hi : lo;
+          *reinterpret_cast<uint4*>(ops_s + swz(r, 2 * k + !odd_first, BN)) = odd_first ? lo : hi;
+        }
+      }
+    };
     int steps = 0;  // tiles consumed: stage `stage` holds its (steps / STAGES)-th load
     while (c_item < item_end) {
       stage_mask();
-      if (p.d_tma) {
+      if (d_tma) {
         mbar_wait(full + stage, (steps / STAGES) & 1);
       } else {
         cp_async_wait<STAGES - 2>();
-        fence_proxy_async();  // this thread's copies, then wgmma's reads
+        if constexpr (!kCodes) fence_proxy_async();  // this thread's copies, then wgmma's reads
         __syncthreads();
         issue((stage + STAGES - 1) % STAGES, false);
       }
+      if constexpr (Cfg::kConverted) {
+        // Every warp passed its previous wgmma's wait before the barrier above: the operand
+        // tile is free to overwrite.
+        convert_tile(stage);
+        fence_proxy_async();  // the operand tile's stores, then wgmma's reads
+        __syncthreads();
+      }
       ++steps;
-      const uint64_t b_stage = b_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
+      const uint64_t b_stage = b_desc + (Cfg::kConverted ? 0 : uint64_t(stage) * (BN * ldd * sizeof(T) / 16));
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
 #pragma unroll
@@ -615,7 +653,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           wgmma_m64n128k16<kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
       }
       wgmma_commit();
-      if (p.d_tma) {
+      if (d_tma) {
         // The previous tile's stage is free once every warp has waited for its wgmma: with TMA
         // the barrier and the refill run while this tile's wgmma does.
         __syncthreads();

@@ -6,7 +6,7 @@
 Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
 with enough document tiles) and CUDA-core forward tiles, column slices with
 their merge, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
-quantized queries), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
+quantized queries, the wgmma tile's converted stages), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
 backward, and on its own)."""
 
 import os
@@ -49,6 +49,10 @@ def main():
             maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # column slices
         both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
         maxsim.maxsim(*both)
+        # the wgmma tile's size: codes converted into 16-bit operand stages on Hopper
+        dtype = torch.float16 if fmt == "int8" else torch.bfloat16
+        big = maxsim.quantize(tokens(70, 1000, 128), fmt)
+        maxsim.maxsim_with_argmax(tokens(32, 32, 128, dtype=dtype), big, d_mask=d_mask)
     # backward: padded documents (sorted dD), packed documents (row-block dD), the loss
     Q = tokens(4, 12, 64).requires_grad_()
     D = tokens(6, 40, 64).requires_grad_()

@@ -134,6 +134,7 @@ SHAPES = [  # Nq, Lq, Nd, Ld, H
     (1, 32, 2, 4000, 128),  # few long documents: the column-split path
     (16, 32, 300, 65, 128),  # many short queries: the 128-row all-pairs tile
     (64, 32, 600, 140, 128),  # enough of them for Hopper's wgmma tile
+    (64, 32, 1200, 140, 64),  # the wgmma tile with one 64-dim atom
 ]
 
 
