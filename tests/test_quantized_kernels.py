@@ -182,6 +182,40 @@ def test_candidates_with_argmax(fmt, dtype, shape, kernel_route):
     check(*got, grouped(reference(Q, qD, q_valid, d_valid), k))
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("queries", ["float16", "int8"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_many_candidates_of_skewed_lengths(fmt, queries, layout, kernel_route):
+    """Enough candidates for several per block, of very uneven lengths: mostly short documents
+    (empty ones among them) and a few long ones."""
+    nq, lq, k, ld, h = 4, 16, 300, 700, 64
+    Q, q_len, q_mask, q_valid = padded(nq, lq, h)
+    d_len = torch.randint(0, 11, (nq * k,), device=DEVICE)
+    d_len[torch.randperm(nq * k, device=DEVICE)[:12]] = ld
+    d_valid = prefix(d_len, ld)
+    D = fill_invalid(tokens(nq * k, ld, h).to(DEVICE), d_valid)
+    qQ = maxsim.quantize(Q, "int8") if queries == "int8" else Q.half()
+    qD = maxsim.quantize(D, fmt)
+    want = grouped(reference(qQ, qD, q_valid, d_valid), k)
+    if layout == "padded":
+        cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
+        got = maxsim.maxsim_with_argmax(
+            qQ, cand, q_mask, q_lengths=q_len, d_lengths=d_len.view(nq, k)
+        )
+        check(*got, want)
+    else:
+        q_in = prefix(q_len, lq)
+        packed_q = (
+            QuantizedTokens(qQ.codes[q_in], qQ.scale[q_in]) if queries == "int8" else qQ[q_in]
+        )
+        packed_d = QuantizedTokens(qD.codes[d_valid], qD.scale[d_valid])
+        got = maxsim.maxsim_varlen(
+            packed_q, offsets_of(q_len).int(), packed_d, offsets_of(d_len).int(),
+            num_candidates=k, max_seqlen_q=lq, q_mask=q_mask[q_in],
+        )
+        check(got, None, want)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_pairs(fmt, dtype, kernel_route):
