@@ -33,12 +33,13 @@ def operands(Q, D, normalize, backend):
     return Q, D, None, None
 
 
-def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None):
+def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None, codes=False):
     """:func:`padded_sets` of the most common call (plain tensors of one float dtype, no masks, no
     normalisation, no autocast, int32 document lengths or none) without the layers of checks, or
     None when the call is anything else (the full path then checks it and raises what it must).
     The host work of a small call is its whole time. ``debug``: :func:`debug_enabled`, when the
-    caller has read it already."""
+    caller has read it already. ``codes``: Q and D are already the kernels' scaled operands
+    (:func:`quantize.scaled_operands` checked their dtypes)."""
     if (
         normalize or q_mask is not None or d_mask is not None or q_lengths is not None
         or type(Q) is not torch.Tensor or type(D) is not torch.Tensor
@@ -46,13 +47,13 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=Non
         return None
     dtype, rank = Q.dtype, D.dim()
     if (
-        D.dtype != dtype or dtype not in check.FLOAT_DTYPES or Q.dim() != 3 or rank not in (3, 4)
-        or D.size(-1) != Q.size(-1) or Q.size(-1) == 0 or Q.stride(-1) != 1 or D.stride(-1) != 1
-        or (rank == 4 and D.size(0) != Q.size(0))
+        (not codes and (D.dtype != dtype or dtype not in check.FLOAT_DTYPES)) or Q.dim() != 3
+        or rank not in (3, 4) or D.size(-1) != Q.size(-1) or Q.size(-1) == 0
+        or Q.stride(-1) != 1 or D.stride(-1) != 1 or (rank == 4 and D.size(0) != Q.size(0))
     ):
         return None
     device = Q.device
-    if D.device != device or torch.is_autocast_enabled(device.type):
+    if D.device != device or (not codes and torch.is_autocast_enabled(device.type)):
         return None
     if d_lengths is not None:
         if (
@@ -68,10 +69,32 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=Non
     return TokenSet(Q), TokenSet(D.flatten(0, 1), None, d_lengths), GROUPED, D.size(1)
 
 
+def _plain_scaled_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, backend):
+    """:func:`_plain_sets` of a quantized call that the CUDA kernels take as codes, with the
+    scales attached (the op checks their dtype, device and count); None for any other call."""
+    if (
+        normalize or q_mask is not None or d_mask is not None or q_lengths is not None
+        or not isinstance(Q, (torch.Tensor, QuantizedTokens))
+    ):
+        return None
+    scaled = scaled_operands(Q, D, normalize=False, ops=select_ops(Q.device, backend))
+    if scaled is None:
+        return None
+    q, q_scale, d, d_scale = scaled
+    plain = _plain_sets(q, d, None, None, False, None, d_lengths, codes=True)
+    if plain is None:
+        return None
+    q, d, layout, group = plain
+    return q._replace(scale=q_scale), d._replace(scale=d_scale), layout, group
+
+
 def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None, backend="auto"):
     """Validated token sets of a padded call: ``(q, d, layout, group)``; 3-D ``D`` is all pairs,
     4-D ``D`` each query's own candidates. Quantized inputs: see :func:`operands`."""
-    plain = _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths)
+    if type(Q) is QuantizedTokens or type(D) is QuantizedTokens:
+        plain = _plain_scaled_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, backend)
+    else:
+        plain = _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths)
     if plain is not None:
         return plain
     Q, D, q_scale, d_scale = operands(Q, D, normalize, backend)

@@ -149,11 +149,18 @@ def scaled_operands(Q, D, *, normalize: bool, ops):
     int8x8 = q_quant and d_quant and Q.codes.dtype == torch.int8 and D.codes.dtype == torch.int8
     if q_quant:
         q = Q.codes if int8x8 else Q.codes.to(dtype)
-        q_scale = Q.scale.float().contiguous()
+        q_scale = _fp32(Q.scale)
     else:
         q, q_scale = Q, None
     if d_quant:
-        d, d_scale = D.codes, D.scale.float().contiguous()
+        d, d_scale = D.codes, _fp32(D.scale)
     else:
         d, d_scale = D, None
     return q, q_scale, d, d_scale
+
+
+def _fp32(scale: torch.Tensor) -> torch.Tensor:
+    # quantize() already gives contiguous fp32 scales: no conversion call on the common path
+    if scale.dtype == torch.float32 and scale.is_contiguous():
+        return scale
+    return scale.float().contiguous()
