@@ -29,10 +29,18 @@ constexpr bool kIsCodes = std::is_same_v<DT, Int8Codes> || std::is_same_v<DT, E4
 template <typename DT>
 constexpr bool kIsScaled = kIsCodes<DT> || std::is_same_v<DT, Int8x8>;
 
+// sm_89+ converts e4m3 pairs to fp16 pairs in hardware (cvt.rn.f16x2.e4m3x2, exact).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define MAXSIM_CVT_E4M3 1
+#else
+#define MAXSIM_CVT_E4M3 0
+#endif
+
 // Factor the pairs below leave out of each value, folded into the token's scale instead: e4m3
-// bits placed into an fp16 land exactly 2^-8 below their value (a power of two: exact).
+// bits placed into an fp16 by hand land exactly 2^-8 below their value (a power of two: exact).
 template <typename DT, typename T>
-constexpr float kCodeFold = std::is_same_v<DT, E4m3Codes> && std::is_same_v<T, __half> ? 256.f : 1.f;
+constexpr float kCodeFold =
+    std::is_same_v<DT, E4m3Codes> && std::is_same_v<T, __half> && !MAXSIM_CVT_E4M3 ? 256.f : 1.f;
 
 // Four codes (bytes 0..3 of w) -> two operand registers: lo = (c0, c1), hi = (c2, c3), as T pairs
 // (times 1 / kCodeFold).
@@ -57,6 +65,10 @@ __device__ __forceinline__ void codes_to_pairs(uint32_t w, uint32_t& lo, uint32_
     __nv_bfloat162 ba = __floats2bfloat162_rn(f[0], f[1]), bb = __floats2bfloat162_rn(f[2], f[3]);
     lo = *reinterpret_cast<uint32_t*>(&ba);
     hi = *reinterpret_cast<uint32_t*>(&bb);
+  } else if constexpr (std::is_same_v<T, __half> && MAXSIM_CVT_E4M3) {
+    static_assert(std::is_same_v<DT, E4m3Codes>, "unknown code type");
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(w));
   } else {
     static_assert(std::is_same_v<DT, E4m3Codes>, "unknown code type");
     // Each byte moved to the top of its 16-bit half: sign | eeee mmm.
