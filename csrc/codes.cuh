@@ -38,6 +38,7 @@ constexpr bool kIsScaled = kIsCodes<DT> || std::is_same_v<DT, Int8x8>;
 
 // Factor the pairs below leave out of each value, folded into the token's scale instead: e4m3
 // bits placed into an fp16 by hand land exactly 2^-8 below their value (a power of two: exact).
+// Device code only: it depends on the architecture being compiled.
 template <typename DT, typename T>
 constexpr float kCodeFold =
     std::is_same_v<DT, E4m3Codes> && std::is_same_v<T, __half> && !MAXSIM_CVT_E4M3 ? 256.f : 1.f;

@@ -164,15 +164,17 @@ Tile fitting_tile(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& 
   return tile;
 }
 
+// Documents whose codes the kernel turns into 16-bit operands; everything else (int8 x int8 rows
+// included: fp16 pairs of codes) is laid out as 16-bit rows.
+bool byte_rows(const FwdParams& p) { return p.codes == Codes::kInt8 || p.codes == Codes::kE4m3; }
+
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
-  // Documents whose codes the kernel turns into 16-bit operands; everything else (int8 x int8
-  // rows included: fp16 pairs of codes) is laid out as 16-bit rows.
-  const bool byte_rows = p.codes == Codes::kInt8 || p.codes == Codes::kE4m3;
+  const bool bytes = byte_rows(p);
   // Codes need 16-dim rows (one 16-byte copy); the binding only sends them where this holds.
-  const int dim_step = byte_rows ? 16 : 8;
+  const int dim_step = bytes ? 16 : 8;
   const bool tc = dtype != DType::kF32 && dev.sm >= 80 && p.dim % dim_step == 0 && p.dim <= 256 &&
-                  aligned16(p.q) && aligned16(p.d, byte_rows ? 16 : 8);
+                  aligned16(p.q) && aligned16(p.d, bytes ? 16 : 8);
   if (!tc) return plan;
   const int lq = std::max(1, query_rows(p));
   const bool padded_q = p.q.offsets == nullptr;
@@ -211,7 +213,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // rerank_colpali 68.8 -> 62.8 us); documents of a few 64-row tiles do not (rerank_heavy, Ld
   // 128..256: 77 -> 80 us), and packed documents' lengths are not known here. Measured on the
   // H100 alone, whose 228 KB per SM hold two of its 107 KB blocks.
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && !byte_rows && (p.dim == 64 || p.dim == 128) &&
+  if (plan.tile == Tile::kSmall && dev.sm == 90 && !bytes && (p.dim == 64 || p.dim == 128) &&
       p.d.offsets == nullptr && p.d.pad_len >= 512 &&
       tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
     plan.tile = Tile::kStream;
@@ -317,8 +319,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
   } else {
     // The wgmma tile loads 16-bit document tiles by TMA where it can (codes: cp.async).
     FwdParams tc = p;
-    if (plan.tile == Tile::kWide && (p.codes == Codes::kNone || p.codes == Codes::kInt8x8))
-      tc.d_tma = encode_documents(tc, dtype);
+    if (plan.tile == Tile::kWide && !byte_rows(p)) tc.d_tma = encode_documents(tc, dtype);
     with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }
   if (plan.grid.splits > 1) {

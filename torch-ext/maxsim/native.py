@@ -69,36 +69,20 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=Non
     return TokenSet(Q), TokenSet(D.flatten(0, 1), None, d_lengths), GROUPED, D.size(1)
 
 
-def _plain_scaled_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, backend):
-    """:func:`_plain_sets` of a quantized call that the CUDA kernels take as codes, with the
-    scales attached (the op checks their dtype, device and count); None for any other call."""
-    if (
-        normalize or q_mask is not None or d_mask is not None or q_lengths is not None
-        or not isinstance(Q, (torch.Tensor, QuantizedTokens))
-    ):
-        return None
-    scaled = scaled_operands(Q, D, normalize=False, ops=select_ops(Q.device, backend))
-    if scaled is None:
-        return None
-    q, q_scale, d, d_scale = scaled
-    plain = _plain_sets(q, d, None, None, False, None, d_lengths, codes=True)
-    if plain is None:
-        return None
-    q, d, layout, group = plain
-    return q._replace(scale=q_scale), d._replace(scale=d_scale), layout, group
-
-
 def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None, backend="auto"):
     """Validated token sets of a padded call: ``(q, d, layout, group)``; 3-D ``D`` is all pairs,
     4-D ``D`` each query's own candidates. Quantized inputs: see :func:`operands`."""
-    if type(Q) is QuantizedTokens or type(D) is QuantizedTokens:
-        plain = _plain_scaled_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, backend)
-    else:
+    if type(Q) is not QuantizedTokens and type(D) is not QuantizedTokens:
         plain = _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths)
-    if plain is not None:
-        return plain
+        if plain is not None:
+            return plain
     Q, D, q_scale, d_scale = operands(Q, D, normalize, backend)
     codes = d_scale is not None
+    if codes or q_scale is not None:  # codes the kernels take as they are: the same plain path
+        plain = _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, codes=True)
+        if plain is not None:
+            q, d, layout, group = plain
+            return q._replace(scale=q_scale), d._replace(scale=d_scale), layout, group
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"), codes=q_scale is not None)
     check.require_tensor("D", D, "[Nd, Ld, H] or [Nq, K, Ld, H]")
     if D.dim() not in (3, 4):
