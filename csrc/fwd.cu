@@ -66,40 +66,6 @@ __global__ void sum_partials_kernel(const float* partial, float* scores, int m_t
   scores[i] = s;
 }
 
-// Merges the column slices of split documents: per query row the best of the slices' maxima (in
-// slice order, so ties keep the lowest column), then the sum over valid rows, in the order the
-// unsplit kernel sums them (lanes over rows, then a butterfly): scores are bit-identical.
-template <bool kArgmax>
-__global__ void merge_splits_kernel(const FwdParams p, int splits) {
-  const int out = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-  if (out >= p.pairs.num_pairs) return;
-  const int qi = pair_query(p.pairs, p.d.count, out);
-  const Segment gq = segment_of(p.q, qi);
-  const size_t slab = size_t(p.pairs.num_pairs) * splits * p.max_lq;
-  const int* part_i = reinterpret_cast<const int*>(p.partial) + slab;
-  float s = 0.f;
-  for (int t = lane; t < p.max_lq; t += 32) {
-    float v = -INFINITY;
-    int i = -1;
-    for (int k = 0; k < splits; ++k) {
-      const size_t at = (size_t(out) * splits + k) * p.max_lq + t;
-      if constexpr (kArgmax) {
-        if (beats(p.partial[at], part_i[at], Best{v, i})) { v = p.partial[at]; i = part_i[at]; }
-      } else {
-        v = max_nan(v, p.partial[at]);
-      }
-    }
-    const bool valid = row_valid(p.q, gq, t);
-    if constexpr (kArgmax) p.argmax[size_t(out) * p.max_lq + t] = valid ? i : -1;
-    const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-    const float scale = valid && p.q_scale != nullptr ? p.q_scale[gq.first_row + t] : 1.f;
-    s += valid && found ? v * scale : 0.f;
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) p.scores[out] = s;
-}
-
 
 using namespace fwd_detail;
 
@@ -219,28 +185,25 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     plan.tile = Tile::kStream;
   const int items = std::max(1, num_items(p));
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
-    // Streaming short queries (memory-bound): blocks of one document each where there are
-    // enough (a new block's loads overlap the epilogue of the one it follows), several per block
-    // past ~8 waves. Padded documents that fill fewer than two waves are cut into column slices
-    // of >= 2 tiles each, merged by a second kernel (FwdTC::kSliced: 4-warp tiles only); with
-    // more pairs than that, the merge and the shorter slices cost more than the tail they save.
-    // 8-bit documents instead run one wave of blocks of ceil(units / slots) documents each and are
-    // never cut: a block's fixed cost is large next to their half-size bytes (H100, kernel time:
-    // ragged rerank_heavy_int8 51.8 -> 43.4 us, fp8 56.6 -> 49.3; rerank_colpali_int8 60.3 -> 53.7
-    // unsliced). 16-bit documents lose by one wave (ragged rerank_heavy 59.6 -> 69.9 us).
-    const int bn = tile_dims(plan.tile).cols;
+    // Streaming short queries (memory-bound): with fewer units than two waves of resident
+    // blocks, one wave of blocks of ceil(units / slots) documents each (a block's pipeline runs
+    // on from one document into the next, and no block starts after the first ones end); with
+    // more, blocks of one document each (a new block's loads overlap the epilogue of the one it
+    // follows), several per block past ~8 waves. Kernel time, H100, ragged, us: 800 documents
+    // of Ld 128 / 256 / 384 (Lq 32) 14.8 / 24.5 / 31.6 -> 12.6 / 19.5 / 27.7, 384 of Ld 256
+    // 16.2 -> 12.4, against the column slices (merged by a second kernel) that such documents
+    // took before; slices were no faster even for 32 documents of 448 tokens (9.4 / 9.5 us).
+    // 8-bit documents always run one wave: a block's fixed cost (pipeline fill, query load,
+    // epilogue) is large next to their half-size bytes (ragged rerank_heavy_int8 51.8 -> 43.4
+    // us, fp8 56.6 -> 49.3), while 16-bit documents past two waves lose by it (ragged
+    // rerank_heavy 59.6 -> 69.9 us).
     const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
     const int64_t units = int64_t(plan.grid.q_tiles) * items;
-    if (units < 2 * slots && p.d.offsets == nullptr && plan.tile != Tile::kStream &&
-        p.codes == Codes::kNone) {
-      const int max_splits = std::min(16, (p.d.pad_len + bn - 1) / bn / 2);
-      plan.grid.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_splits, (2 * slots + units - 1) / units)));
-    }
-    const int64_t per_block = p.codes != Codes::kNone ? (units + slots - 1) / slots : units / (8 * slots);
-    plan.grid.docs_per_block =
-        plan.grid.splits > 1 ? 1 : static_cast<int>(std::max<int64_t>(1, per_block));
+    const bool one_wave = p.codes != Codes::kNone || units < 2 * slots;
+    const int64_t per_block = one_wave ? (units + slots - 1) / slots : units / (8 * slots);
+    plan.grid.docs_per_block = static_cast<int>(std::max<int64_t>(1, per_block));
     const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
-    plan.blocks = static_cast<int>(n_chunks * plan.grid.splits * plan.grid.q_tiles);
+    plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);
     return plan;
   }
   // Enough blocks for several waves, so that the tail is short and every SM streams. The wgmma
@@ -298,9 +261,7 @@ void launch_simt(const FwdParams& p, DType dtype, const DeviceInfo& dev, cudaStr
 
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   FwdPlan plan = make_plan(p, dtype, dev);
-  if (plan.grid.splits > 1)  // each slice's row maxima, then their argmax (int32)
-    plan.workspace_floats = 2 * size_t(plan.grid.splits) * p.pairs.num_pairs * p.max_lq;
-  else if (plan.grid.m_tiles > 1)
+  if (plan.grid.m_tiles > 1)
     plan.workspace_floats = size_t(plan.grid.m_tiles) * p.pairs.num_pairs;
   return plan;
 }
@@ -322,11 +283,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     if (plan.tile == Tile::kWide && !byte_rows(p)) tc.d_tma = encode_documents(tc, dtype);
     with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }
-  if (plan.grid.splits > 1) {
-    const int threads = 256, blocks = static_cast<int>((int64_t(p.pairs.num_pairs) * 32 + threads - 1) / threads);
-    if (argmax) merge_splits_kernel<true><<<blocks, threads, 0, stream>>>(p, plan.grid.splits);
-    else merge_splits_kernel<false><<<blocks, threads, 0, stream>>>(p, plan.grid.splits);
-  } else if (plan.grid.m_tiles > 1) {
+  if (plan.grid.m_tiles > 1) {
     const int n = p.pairs.num_pairs;
     sum_partials_kernel<<<(n + 255) / 256, 256, 0, stream>>>(p.partial, p.scores, plan.grid.m_tiles, n);
   }

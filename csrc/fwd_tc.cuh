@@ -25,10 +25,10 @@
 
 namespace maxsim {
 
-// A block's share of one document: tiles [begin, end), columns below `cols` valid. An empty
-// slice still runs one tile with no valid column, so that its (empty) maxima get written.
+// A document's tiles: `tiles` of them (one for an empty document, which still runs a tile with no
+// valid column so that its empty maxima get written), columns below `cols` valid.
 struct TileSpan {
-  int begin, end, cols;
+  int tiles, cols;
 };
 
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax>
@@ -42,9 +42,6 @@ struct FwdTC {
   static constexpr int kThreads = WM * WN * 32;
   static constexpr int kWarpRows = BM / WM, kWarpCols = BN / WN;
   static constexpr int MT = kWarpRows / 16, NT = kWarpCols / 8;
-  // Only the 4-warp streaming tiles cut documents into column slices (FwdGrid::splits); the
-  // 8-warp compute tile never does, and its registers have no room for the slice bookkeeping.
-  static constexpr bool kSliced = WM * WN == 4;
   // Two warpgroups over 64 rows each and every column: on sm_90a the tile runs on wgmma, its
   // shared-memory tiles stored with the 128-byte swizzle (mma.cuh) instead of padded rows.
   // 8-bit codes take it too: each staged tile of codes is turned into a 16-bit operand tile
@@ -132,10 +129,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   auto chunk_at = [swizzle](int r, int c) { return (swizzle ? c ^ (r % 8) : c) * 8; };
 
   // ---- what this block owns
-  const int splits = Cfg::kSliced ? grid.splits : 1;
   const int qtile = blockIdx.x % grid.q_tiles;
-  const int split = (blockIdx.x / grid.q_tiles) % splits;
-  const int chunk = blockIdx.x / grid.q_tiles / splits;
+  const int chunk = blockIdx.x / grid.q_tiles;
   const int mt = qtile % grid.m_tiles;
   const int num_q = p.q.count, num_d = p.d.count;
   const PairMap& pm = p.pairs;
@@ -172,13 +167,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   const T* qg = static_cast<const T*>(p.q.data);
   const DElem* dg = static_cast<const DElem*>(p.d.data);
 
-  auto span_of = [&](const Segment& g) {
-    const int tiles = max(1, (g.len + BN - 1) / BN);
-    if (splits == 1) return TileSpan{0, tiles, g.len};
-    const int per = (tiles + splits - 1) / splits;
-    const int begin = split * per, end = min(tiles, begin + per);
-    return begin < end ? TileSpan{begin, end, min(g.len, end * BN)} : TileSpan{0, 1, 0};
-  };
+  auto span_of = [](const Segment& g) { return TileSpan{max(1, (g.len + BN - 1) / BN), g.len}; };
 
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
   const int chunks_p2 = d_chunks <= 8 ? 8 : d_chunks <= 16 ? 16 : 32;
@@ -209,13 +198,13 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // A padded document's first tile is requested before anything is looked up: its rows below
   // pad_len are the document's own (padding past its length only reaches masked columns), so
   // the copies need no length, and its latency overlaps the length and query loads.
-  const bool early = !kWg && p.d.offsets == nullptr && splits == 1;
+  const bool early = !kWg && p.d.offsets == nullptr;
   if (early) copy_rows(0, item_doc(item_begin), 0, 0, p.d.pad_len);
 
   // ---- producer: walks (item, tile) ahead of the consumer
   int p_item = item_begin;
   Segment p_seg = segment_of(p.d, item_doc(p_item));
-  int p_tile = span_of(p_seg).begin;
+  int p_tile = 0;
 
   // Which query rows count, and their scales: read in the epilogue only, so at the start they
   // are looked up after the first copies are issued.
@@ -336,9 +325,9 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         // only reach masked columns (valid_cols).
         copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
       }
-      if (++p_tile == p_span.end) {
+      if (++p_tile == p_span.tiles) {
         if (++p_item < item_end) p_seg = segment_of(p.d, item_doc(p_item));
-        p_tile = span_of(p_seg).begin;
+        p_tile = 0;
       }
     }
     cp_async_commit();  // empty groups keep the wait counts uniform
@@ -369,7 +358,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   int c_item = item_begin, stage = 0;
   TileSpan c_span = span_of(segment_of(p.d, item_doc(c_item)));
-  int c_tile = c_span.begin;
+  int c_tile = 0;
   int loaded_q = q0;
 
   // Which of this thread's columns of the consumer's tile are valid: bit 2 * ni + e for column
@@ -554,7 +543,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         else p.scores[out] = s;
       }
     };
-    if (BM == 32 && grid.qpb == 1 && splits == 1) {
+    if (BM == 32 && grid.qpb == 1) {
       // One query's 32 rows, one per lane of warp 0: the sum stays in registers, in the order
       // of the general path below, with no second barrier (red_v is next written after the
       // main loop's barrier).
@@ -570,20 +559,11 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       float v;
       int i;
       merged(r, v, i);
-      if (splits > 1) {  // one query, whole rows: the slice's maxima go to the merge
-        if (r < p.max_lq) {
-          const size_t at = (size_t(item_out(item, qfirst)) * splits + split) * p.max_lq + r;
-          p.partial[at] = v;
-          if constexpr (kArgmax)
-            reinterpret_cast<int*>(p.partial)[size_t(pm.num_pairs) * splits * p.max_lq + at] = i;
-        }
-        continue;
-      }
       const int ql = r / rpq;
       row_val[r] = row_term(r, ql < grid.qpb, qfirst + ql, t0 + r % rpq, v, i);
     }
     __syncthreads();
-    for (int ql = warp; splits == 1 && ql < grid.qpb; ql += WM * WN) {
+    for (int ql = warp; ql < grid.qpb; ql += WM * WN) {
       float s = 0.f;
       for (int r = ql * rpq + lane; r < min(BM, (ql + 1) * rpq); r += 32) s += row_val[r];
       write_sum(qfirst + ql, s);
@@ -666,10 +646,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       wgmma_wait<0>();
       if constexpr (kScaled) scale_cols(acc, col0);
       tile_max(acc, ok, col0);
-      if (++c_tile == c_span.end) {
+      if (++c_tile == c_span.tiles) {
         end_doc(c_item);
         if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
-        c_tile = c_span.begin;
+        c_tile = 0;
       }
       stage = (stage + 1) % STAGES;
     }
@@ -680,7 +660,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       __syncthreads();
       issue((stage + STAGES - 1) % STAGES, false);
 
-      if (pm.layout == kPairs && c_tile == c_span.begin) {
+      if (pm.layout == kPairs && c_tile == 0) {
         const int qi = pm.pair_q[c_item];
         if (qi != loaded_q) {  // pairs sorted by query reload rarely
           __syncthreads();
@@ -754,10 +734,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       if constexpr (kScaled) scale_cols(acc, col0);
 
       tile_max(acc, ok, col0);
-      if (++c_tile == c_span.end) {
+      if (++c_tile == c_span.tiles) {
         end_doc(c_item);
         if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
-        c_tile = c_span.begin;
+        c_tile = 0;
       }
       stage = (stage + 1) % STAGES;
     }

@@ -13,10 +13,9 @@ enum class Tile { kSimt, kSmall, kMedium, kLarge, kWide, kStream };
 // block count depends on it) and then launched.
 struct FwdPlan {
   Tile tile = Tile::kSimt;
-  FwdGrid grid{1, 1, 1, 1, 1};
+  FwdGrid grid{1, 1, 1, 1};
   int blocks = 0;
-  size_t workspace_floats = 0;  // p.partial: long queries' partial scores, or the column slices'
-                                // row maxima and their argmax
+  size_t workspace_floats = 0;  // p.partial: long queries' partial scores per row tile
 };
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
 // Dynamic shared memory per block of a plan's tensor-core tile (0 for the CUDA-core kernel).

@@ -58,8 +58,6 @@ struct FwdGrid {
   int m_tiles;        // row tiles per query (> 1 when Lq > BM)
   int qpb;            // queries per row tile (> 1 only for short padded queries, all-pairs)
   int docs_per_block; // documents (or pairs) per block
-  int splits;         // column slices per document (> 1: one slice per block, docs_per_block 1);
-                      // each writes its rows' maxima to p.partial and a second kernel merges them
 };
 
 // Cross-entropy over the rows of fp32 scores [rows, cols] (row i's target: targets[i], or i).

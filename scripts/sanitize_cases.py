@@ -4,8 +4,7 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py
 
 Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
-with enough document tiles) and CUDA-core forward tiles, column slices with
-their merge, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
+with enough document tiles) and CUDA-core forward tiles, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
 quantized queries, the wgmma tile's converted stages), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
 backward, and on its own)."""
 
@@ -46,7 +45,7 @@ def main():
             Q, D = tokens(3, 20, 64, dtype=dtype), maxsim.quantize(tokens(5, 70, 64), fmt)
             maxsim.maxsim_with_argmax(Q, D, d_lengths=lens)
             maxsim.maxsim(tokens(40, 16, 64, dtype=dtype), D)
-            maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # column slices
+            maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # few long documents
         both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
         maxsim.maxsim(*both)
         # the wgmma tile's size: codes converted into 16-bit operand stages on Hopper

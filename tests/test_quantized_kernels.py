@@ -131,7 +131,7 @@ SHAPES = [  # Nq, Lq, Nd, Ld, H
     (2, 64, 3, 300, 256),
     (2, 96, 3, 1030, 128),
     (2, 130, 3, 1030, 16),
-    (1, 32, 2, 4000, 128),  # few long documents: the column-split path
+    (1, 32, 2, 4000, 128),  # few long documents: one short wave
     (16, 32, 300, 65, 128),  # many short queries: the 128-row all-pairs tile
     (64, 32, 600, 140, 128),  # enough of them for Hopper's wgmma tile
     (64, 32, 1200, 140, 64),  # the wgmma tile with one 64-dim atom
