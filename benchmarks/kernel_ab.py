@@ -91,6 +91,13 @@ STEPS = {
     "train_medium_step": ("fp16", (64, 32), (64, 128)),
     "train_colpali_step": ("bf16", (128, 128), (128, 1024)),
 }
+# Packed pairs (the bench's varlen kind): name: (dtype, queries, (Lq min, max), candidates per
+# query, (Ld min, max)); query i is scored with documents i*K .. i*K+K-1.
+VARLEN = {
+    "varlen": ("fp16", 32, (8, 32), 100, (32, 300)),
+    "varlen_q8": ("fp16", 8, (8, 32), 100, (32, 300)),  # fewer pairs than two waves
+}
+PAIRS = 2
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -194,6 +201,39 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
     return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
 
 
+def run_varlen(ops, name: str, reps: int, replays: int) -> dict:
+    dtype, nq, (q_lo, q_hi), k, (d_lo, d_hi) = VARLEN[name]
+    torch.manual_seed(0)
+    q_len = torch.randint(q_lo, q_hi + 1, (nq,))
+    d_len = torch.randint(d_lo, d_hi + 1, (nq * k,))
+    cu = lambda n: torch.cat([torch.zeros(1, dtype=torch.int64), n.cumsum(0)]).to("cuda", torch.int32)  # noqa: E731
+    q = tokens(1, int(q_len.sum()), dtype)[0]
+    d = tokens(1, int(d_len.sum()), dtype)[0]
+    cu_q, cu_d = cu(q_len), cu(d_len)
+    pair_q = torch.arange(nq, device="cuda", dtype=torch.int32).repeat_interleave(k)
+    pair_d = torch.arange(nq * k, device="cuda", dtype=torch.int32)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    nbytes = d.numel() * d.element_size()
+    copies = [d] + [d.clone() for _ in range(min(64, -(-3 * l2 // nbytes)) - 1)] if nbytes < 2 * l2 else [d]
+    reps = max(reps, len(copies))
+    turn = iter(range(1 << 30))
+
+    def call():
+        return ops.fwd(q, copies[next(turn) % len(copies)], cu_q, None, None, cu_d, None, None,
+                       pair_q, pair_d, PAIRS, 0, int(q_len.max()), False, False)
+    scores = call()[0]
+    ref = []
+    for p in range(0, nq * k, max(1, nq * k // 16)):  # a spread of pairs in float64
+        qi = int(pair_q[p])
+        qs = q[int(cu_q[qi]):int(cu_q[qi + 1])].double()
+        ds = d[int(cu_d[p]):int(cu_d[p + 1])].double()
+        ref.append((p, float((qs @ ds.T).amax(1).sum())))
+    got = torch.tensor([float(scores[p]) for p, _ in ref], dtype=torch.float64)
+    want = torch.tensor([v for _, v in ref], dtype=torch.float64)
+    err = float((got - want).norm() / want.norm())
+    return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
+
+
 def step_loss_error(loss, Q, D, lengths) -> float:
     """Relative error of the step's loss against float64 (scores computed 8 queries at a time)."""
     valid = torch.arange(D.size(1), device=D.device)[None, :] < lengths[:, None]
@@ -229,8 +269,8 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=5, help="graph replays (median)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else [*CASES, *RAGGED, *MASKED, *STEPS]
-    known = {**CASES, **{n: CASES[c] for n, c in {**RAGGED, **MASKED}.items()}, **STEPS}
+    names = args.only.split(",") if args.only else [*CASES, *RAGGED, *MASKED, *VARLEN, *STEPS]
+    known = {**CASES, **{n: CASES[c] for n, c in {**RAGGED, **MASKED}.items()}, **VARLEN, **STEPS}
     unknown = [n for n in names if n not in known]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(known)}")
@@ -244,7 +284,7 @@ def main() -> None:
     ops = gpu_check.build()
     label = args.label or os.path.abspath(args.root)
     for name in names:
-        run = run_step if name in STEPS else run_case
+        run = run_step if name in STEPS else run_varlen if name in VARLEN else run_case
         row = run(ops, name, args.reps, args.replays)
         print(json.dumps({"tree": label, "gpu": torch.cuda.get_device_name(), **row}), flush=True)
 
