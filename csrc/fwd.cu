@@ -67,6 +67,26 @@ __global__ void sum_partials_kernel(const float* partial, float* scores, int m_t
 }
 
 
+// Per padded document with a mask (and no lengths): one past its last masked-in token, 0 if none.
+// The forward takes these as lengths, so that it skips the padding a mask leaves after each
+// document (PyLate's masks: attention and skiplist) instead of reading it; holes stay the mask's.
+// One warp per document, from the end: 32 mask bytes per step until one is set.
+__global__ void mask_extent_kernel(const bool* mask, int count, int pad_len, int* extent) {
+  const int doc = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (doc >= count) return;
+  const bool* m = mask + int64_t(doc) * pad_len;
+  int end = 0;
+  for (int base = (pad_len - 1) / 32 * 32; base >= 0; base -= 32) {
+    const int t = base + lane;
+    const unsigned hit = __ballot_sync(0xffffffffu, t < pad_len && m[t]);
+    if (hit != 0) {
+      end = base + 32 - __clz(hit);
+      break;
+    }
+  }
+  if (lane == 0) extent[doc] = end;
+}
+
 using namespace fwd_detail;
 
 // Rows (query tokens) and columns (document tokens) of a tensor-core tile.
@@ -263,6 +283,12 @@ FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   FwdPlan plan = make_plan(p, dtype, dev);
   if (plan.grid.m_tiles > 1)
     plan.workspace_floats = size_t(plan.grid.m_tiles) * p.pairs.num_pairs;
+  // Padded documents described by a mask alone: their extents first, where a tile could be skipped.
+  if (plan.tile != Tile::kSimt && p.d.mask != nullptr && p.d.lengths == nullptr &&
+      p.d.offsets == nullptr && p.d.pad_len > tile_dims(plan.tile).cols && p.d.count > 0) {
+    plan.extents_at = static_cast<int64_t>(plan.workspace_floats);
+    plan.workspace_floats += size_t(p.d.count);
+  }
   return plan;
 }
 
@@ -280,6 +306,12 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
   } else {
     // The wgmma tile loads 16-bit document tiles by TMA where it can (codes: cp.async).
     FwdParams tc = p;
+    if (plan.extents_at >= 0) {
+      int* extent = reinterpret_cast<int*>(p.partial + plan.extents_at);
+      const int threads = 256, blocks = static_cast<int>((int64_t(p.d.count) * 32 + threads - 1) / threads);
+      mask_extent_kernel<<<blocks, threads, 0, stream>>>(p.d.mask, p.d.count, p.d.pad_len, extent);
+      tc.d.lengths = extent;
+    }
     if (plan.tile == Tile::kWide && !byte_rows(p)) tc.d_tma = encode_documents(tc, dtype);
     with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }

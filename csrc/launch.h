@@ -15,7 +15,9 @@ struct FwdPlan {
   Tile tile = Tile::kSimt;
   FwdGrid grid{1, 1, 1, 1};
   int blocks = 0;
-  size_t workspace_floats = 0;  // p.partial: long queries' partial scores per row tile
+  size_t workspace_floats = 0;  // p.partial: long queries' partial scores per row tile, then
+                                // the documents' mask extents (int32) where extents_at >= 0
+  int64_t extents_at = -1;      // offset (in floats) of the mask extents in p.partial
 };
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
 // Dynamic shared memory per block of a plan's tensor-core tile (0 for the CUDA-core kernel).

@@ -176,6 +176,36 @@ def test_streaming_tiles(dtype, h, ld):
     assert_exact(*got, *want)
 
 
+@pytest.mark.parametrize("ld", [200, 1030])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "int8"], ids=str)
+def test_masks_alone_skip_the_padding_after_each_document(dtype, ld):
+    """Documents described by a mask only: the forward first finds where each one's last
+    masked-in token is and reads nothing past it. Extents at the scan's 32-token steps and at
+    the ends, an empty document, holes; the padding past each extent is NaN, so a read of it
+    that leaked into a score would show."""
+    nq, k, h = 3, 12, 64
+    ends = torch.tensor([0, 1, 31, 32, 33, 63, 64, 65, ld - 1, ld, 100, 150], device=DEVICE)
+    ends = ends.repeat(nq, 1)
+    d_mask = random_mask((nq, k, ld), DEVICE, keep=0.8)
+    d_mask &= torch.arange(ld, device=DEVICE) < ends[..., None]
+    d_mask[0, 2, :] = False  # extent 0 though the mask is ld long
+    d_mask[1, 1, 0] = True  # only its first token
+    Q = values((nq, 32, h), torch.float16 if dtype == "int8" else dtype, DEVICE, "grid")
+    D = values((nq, k, ld, h), Q.dtype, DEVICE, "grid")
+    D = D.masked_fill((torch.arange(ld, device=DEVICE) >= ends[..., None])[..., None], float("nan"))
+    if dtype == "int8":
+        Dq = maxsim.quantize(D.nan_to_num(0.0))
+        got = maxsim.maxsim_with_argmax(Q, Dq, d_mask=d_mask, backend="cuda")
+        want = maxsim.maxsim_with_argmax(Q, Dq, d_mask=d_mask, d_lengths=ends, backend="cuda")
+        assert_exact(*got, *want)
+        return
+    got = maxsim.maxsim_with_argmax(Q, D, d_mask=d_mask, backend="cuda")
+    want = reference_fwd(
+        Q, D.flatten(0, 1), d_mask=d_mask.flatten(0, 1), layout=GROUPED, group=k
+    )
+    assert_exact(*got, *want)
+
+
 def test_stale_stage_rows_never_reach_a_score():
     """Rows past a document's valid tokens are not copied into shared memory, so a stage still
     holds an earlier document's rows there. Long documents with a NaN row alternate with short
