@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py
 
 Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
-with enough document tiles) and CUDA-core forward tiles, long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
+with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel (documents
+given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
 quantized queries, the wgmma tile's converted stages), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
 backward, and on its own)."""
 
