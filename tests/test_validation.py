@@ -351,7 +351,7 @@ def test_plain_calls_skip_the_layered_checks_with_the_same_token_sets(args):
     Q, D, kw = args()
     fast = native._plain_sets(Q, D, None, None, False, None, kw.get("d_lengths"))
     assert fast is not None
-    full_mask = torch.ones(D.shape[:-1], dtype=torch.bool)  # a mask forces the checked path
+    full_mask = torch.ones(D.shape[:-1])  # a float mask forces the checked path
     layered = native.padded_sets(Q, D, None, full_mask, False, d_lengths=kw.get("d_lengths"))
     for a, b in zip(fast[0], layered[0], strict=True):  # queries: identical
         assert a is b or torch.equal(a, b)
@@ -361,11 +361,35 @@ def test_plain_calls_skip_the_layered_checks_with_the_same_token_sets(args):
         assert torch.equal(fast[1].lengths, layered[1].lengths)
 
 
+@pytest.mark.parametrize("rank", [3, 4])
+def test_bool_masks_take_the_plain_path_with_the_same_token_sets(rank):
+    """Contiguous bool masks (PyLate's) stay on the short path and reach the op as the checked
+    path hands them over (float masks of the same values go through the checks)."""
+    from maxsim import native
+
+    Q = t(2, 3, H, dtype=torch.float16)
+    D = t(2, 4, 5, H, dtype=torch.float16) if rank == 4 else t(4, 5, H, dtype=torch.float16)
+    q_mask = torch.rand(2, 3) > 0.3
+    d_mask = torch.rand(D.shape[:-1]) > 0.3
+    fast = native._plain_sets(Q, D, q_mask, d_mask, False, None, None)
+    assert fast is not None
+    layered = native.padded_sets(Q, D, q_mask.float(), d_mask.float(), False)
+    for a, b in zip(fast[:2], layered[:2], strict=True):
+        assert torch.equal(a.x, b.x) and torch.equal(a.mask, b.mask) and a.mask.dtype == torch.bool
+    assert fast[2:] == layered[2:]
+    torch.testing.assert_close(
+        maxsim.maxsim(Q, D, q_mask, d_mask), maxsim.maxsim(Q, D, q_mask.float(), d_mask.float()),
+        rtol=0, atol=0,
+    )
+
+
 @pytest.mark.parametrize(
     "kw",
     [
         {"d_lengths": torch.tensor([1, 2, 3, 4])},  # int64: converted by the full path
-        {"d_mask": torch.ones(4, 5, dtype=torch.bool)},
+        {"d_mask": torch.ones(4, 5)},  # float: converted by the full path
+        {"d_mask": torch.ones(4, 10, dtype=torch.bool)[:, ::2]},  # not contiguous
+        {"q_mask": torch.ones(2, 3, dtype=torch.int64)},
         {"normalize": True},
         {"q_lengths": torch.tensor([1, 2], dtype=torch.int32)},
     ],

@@ -33,15 +33,26 @@ def operands(Q, D, normalize, backend):
     return Q, D, None, None
 
 
-def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None, codes=False):
-    """:func:`padded_sets` of the most common call (plain tensors of one float dtype, no masks, no
-    normalisation, no autocast, int32 document lengths or none) without the layers of checks, or
-    None when the call is anything else (the full path then checks it and raises what it must).
-    The host work of a small call is its whole time. ``debug``: :func:`debug_enabled`, when the
-    caller has read it already. ``codes``: Q and D are already the kernels' scaled operands
-    (:func:`quantize.scaled_operands` checked their dtypes)."""
+def _op_mask(m, shape, device):
+    """``m`` where it is already what the op takes (a contiguous bool tensor of ``shape`` on
+    ``device``), else None."""
     if (
-        normalize or q_mask is not None or d_mask is not None or q_lengths is not None
+        type(m) is torch.Tensor and m.dtype == torch.bool and m.device == device
+        and m.shape == shape and m.is_contiguous()
+    ):
+        return m
+    return None
+
+
+def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None, codes=False):
+    """:func:`padded_sets` of the most common calls (plain tensors of one float dtype, no
+    normalisation, no autocast, int32 document lengths or none, masks as contiguous bool tensors or
+    none: PyLate's) without the layers of checks, or None when the call is anything else (the full
+    path then checks it and raises what it must). The host work of a small call is its whole time.
+    ``debug``: :func:`debug_enabled`, when the caller has read it already. ``codes``: Q and D are
+    already the kernels' scaled operands (:func:`quantize.scaled_operands` checked their dtypes)."""
+    if (
+        normalize or q_lengths is not None
         or type(Q) is not torch.Tensor or type(D) is not torch.Tensor
     ):
         return None
@@ -64,9 +75,17 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=Non
             return None
         if rank == 4:
             d_lengths = d_lengths.view(-1)
+    if q_mask is not None and _op_mask(q_mask, Q.shape[:2], device) is None:
+        return None
+    if d_mask is not None:
+        if _op_mask(d_mask, D.shape[: rank - 1], device) is None:
+            return None
+        if rank == 4:
+            d_mask = d_mask.view(-1, D.size(2))
+    q = TokenSet(Q, mask=q_mask)
     if rank == 3:
-        return TokenSet(Q), TokenSet(D, None, d_lengths), ALLPAIRS, 0
-    return TokenSet(Q), TokenSet(D.flatten(0, 1), None, d_lengths), GROUPED, D.size(1)
+        return q, TokenSet(D, None, d_lengths, d_mask), ALLPAIRS, 0
+    return q, TokenSet(D.flatten(0, 1), None, d_lengths, d_mask), GROUPED, D.size(1)
 
 
 def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None, backend="auto"):
