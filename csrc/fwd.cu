@@ -69,7 +69,7 @@ __global__ void sum_partials_kernel(const float* partial, float* scores, int m_t
 
 // Per padded document with a mask (and no lengths): one past its last masked-in token, 0 if none.
 // The forward takes these as lengths, so that it skips the padding a mask leaves after each
-// document (PyLate's masks: attention and skiplist) instead of reading it; holes stay the mask's.
+// document (attention masks with skiplist holes) instead of reading it; holes stay the mask's.
 // One warp per document, from the end: 32 mask bytes per step until one is set.
 __global__ void mask_extent_kernel(const bool* mask, int count, int pad_len, int* extent) {
   const int doc = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;

@@ -47,7 +47,7 @@ def _op_mask(m, shape, device):
 def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None, codes=False):
     """:func:`padded_sets` of the most common calls (plain tensors of one float dtype, no
     normalisation, no autocast, int32 document lengths or none, masks as contiguous bool tensors or
-    none: PyLate's) without the layers of checks, or None when the call is anything else (the full
+    none) without the layers of checks, or None when the call is anything else (the full
     path then checks it and raises what it must). The host work of a small call is its whole time.
     ``debug``: :func:`debug_enabled`, when the caller has read it already. ``codes``: Q and D are
     already the kernels' scaled operands (:func:`quantize.scaled_operands` checked their dtypes)."""
