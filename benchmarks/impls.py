@@ -110,6 +110,8 @@ class Maxsim(Impl):
             D = M.QuantizedTokens(s["D_codes"], s["D_scale"])
             Q = M.QuantizedTokens(s["Q_codes"], s["Q_scale"]) if "Q_codes" in s else s["Q"]
             return lambda: M.maxsim(Q, D, d_lengths=meta["d_len"], backend=b)
+        if kind in ("rerank", "allpairs") and case.params.get("holes"):  # masks with holes
+            return lambda: M.maxsim(s["Q"], s["D"], d_mask=meta["d_mask"], backend=b)
         if kind in ("rerank", "allpairs"):  # D is 4-D [B, K, Ld, H] or 3-D [Nd, Ld, H]
             return lambda: M.maxsim(s["Q"], s["D"], d_lengths=meta["d_len"], backend=b)
         if kind == "varlen":

@@ -51,6 +51,8 @@ class FlashMaxsim(_Peer):
 
     def bind(self, case, s):
         fm, meta, kind = self.mod, case.meta, case.kind.name
+        if case.params.get("holes"):
+            raise Unsupported("flash-maxsim takes prefix lengths only; these masks have holes")
         if "D_codes" in s:
             if case.params["quant"] != "int8":
                 raise Unsupported("flash-maxsim has no FP8 path (INT8 only)")

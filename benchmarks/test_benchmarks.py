@@ -176,6 +176,9 @@ def test_kernel_ab_cases_are_well_formed():
         assert min(nq, lq, nd, ld) > 0, name
     for name, base in {**kernel_ab.RAGGED, **kernel_ab.MASKED}.items():
         assert base in kernel_ab.CASES and name not in kernel_ab.CASES, name
+    for name, (dtype, nq, (q_lo, q_hi), k, (d_lo, d_hi)) in kernel_ab.VARLEN.items():
+        assert dtype in kernel_ab.DTYPES and min(nq, k, q_lo, d_lo) > 0, name
+        assert q_lo <= q_hi and d_lo <= d_hi and name not in kernel_ab.CASES, name
     for name, (dtype, (nq, lq), (nd, ld)) in kernel_ab.STEPS.items():
         # diagonal targets: a document per query
         assert dtype in kernel_ab.DTYPES and nd >= nq > 0 and min(lq, ld) > 1, name

@@ -223,11 +223,14 @@ class _PaddedDocs(Kind):
     count and the leading document shape: [Nd] (every query with every document) or [B, K]
     (each query with its own K candidates, ``grouped``).
 
-    ``quant`` in a workload's params ("int8" or "fp8") stores the documents as 8-bit codes with
-    one fp32 scale per token (``D_codes``, ``D_scale``; no float copy); queries stay in the row's
-    dtype, or with ``quant_q`` are int8 codes too (``Q_codes``, ``Q_scale``; ``Q`` keeps the float
-    queries they were made from, for peers that quantize their own way). The floor counts the
-    codes and scales, and the reference is float64 on the dequantized tokens."""
+    ``holes`` in a workload's params masks out that share of the real tokens (a skiplist): the
+    documents are then given as that mask alone, not as lengths, and the floor counts the mask's
+    bytes and the real tokens outside the holes. ``quant`` ("int8" or "fp8") stores the documents
+    as 8-bit codes with one fp32 scale per token (``D_codes``, ``D_scale``; no float copy);
+    queries stay in the row's dtype, or with ``quant_q`` are int8 codes too (``Q_codes``,
+    ``Q_scale``; ``Q`` keeps the float queries they were made from, for peers that quantize their
+    own way). The floor counts the codes and scales, and the reference is float64 on the
+    dequantized tokens."""
 
     grouped = False
 
@@ -245,10 +248,13 @@ class _PaddedDocs(Kind):
         shape, Ld = self.doc_shape(p), p["Ld"]
         d_len = _lengths(math.prod(shape), p.get("Ld_min", max(1, Ld // 2)), Ld, cpu_gen)
         d_len = d_len.view(shape)
+        d_mask = _prefix_mask(d_len, Ld)
+        if p.get("holes"):  # skiplist holes: that share of the real tokens masked out
+            d_mask &= torch.rand(d_mask.shape, generator=cpu_gen) >= p["holes"]
         return {
             "d_len": d_len.to(device=device, dtype=torch.int32),
-            "d_mask": _prefix_mask(d_len, Ld).to(device),
-            "valid_d": int(d_len.sum()),
+            "d_mask": d_mask.to(device),
+            "valid_d": int(d_mask.sum()),
         }
 
     def make_set(self, p, meta, dtype, gen, device):
@@ -267,9 +273,11 @@ class _PaddedDocs(Kind):
         queries_per_doc = 1 if self.grouped else nq
         doc_token_bytes = H + 4 if p.get("quant") else H * e  # codes + scale
         query_token_bytes = H + 4 if p.get("quant_q") else H * e
+        # With holes the documents come as a mask alone: its bytes count, the holes' rows do not.
+        mask_bytes = math.prod(self.doc_shape(p)) * p["Ld"] if p.get("holes") else 0
         return Work(
             bytes=nq * p["Lq"] * query_token_bytes + meta["valid_d"] * doc_token_bytes
-            + self.n_pairs(p) * 4,
+            + mask_bytes + self.n_pairs(p) * 4,
             flops=2.0 * H * queries_per_doc * p["Lq"] * meta["valid_d"],
         )
 
@@ -522,6 +530,11 @@ def _registry() -> list[Workload]:
                  dict(B=2, K=12, Lq=4, Ld=10), about="ColBERT reranking"))
     add(Workload("rerank_heavy", "rerank", dict(B=32, K=100, Lq=32, Ld=256),
                  dict(B=2, K=12, Lq=5, Ld=16), about="more, longer candidates"))
+    # Attention masks with skiplist holes (one real token in ten), given as the mask alone, as
+    # PyLate-style callers hold them; flash-maxsim takes prefix lengths only.
+    add(Workload("rerank_heavy_mask", "rerank", dict(B=32, K=100, Lq=32, Ld=256, holes=0.1),
+                 dict(B=2, K=12, Lq=5, Ld=16, holes=0.1), dtypes=("fp16",),
+                 about="more, longer candidates, masks with holes"))
     add(Workload("rerank_colpali", "rerank", dict(B=8, K=100, Lq=32, Ld=1024),
                  dict(B=2, K=12, Lq=4, Ld=33), about="page reranking (ColPali)"))
     add(Workload("corpus", "allpairs", dict(Nq=16, Nd=10_000, Lq=32, Ld=1024),
