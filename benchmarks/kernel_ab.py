@@ -133,6 +133,18 @@ def tokens(n: int, length: int, dtype: str) -> torch.Tensor:
     return x.to(DTYPES[dtype])
 
 
+def cold_copies(x: torch.Tensor, reps: int):
+    """(a function that returns ``x`` or one of its copies in turn, the calls per graph). Inputs
+    that fit the L2 twice over are cycled through enough copies to span three L2s, every copy once
+    per graph replay, so that each call reads DRAM as the benchmark's rotating sets do."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    nbytes = x.numel() * x.element_size()
+    n = min(64, -(-3 * l2 // nbytes)) if nbytes < 2 * l2 else 1
+    copies = [x] + [x.clone() for _ in range(n - 1)]
+    turn = iter(range(1 << 30))
+    return (lambda: copies[next(turn) % n]), max(reps, n)
+
+
 def spot_error(scores, Q, D, layout, group, valid=None) -> float:
     """Relative error of the first queries' scores against float64 (D already dequantized;
     ``valid`` [Nd, Ld] marks the documents' real tokens)."""
@@ -170,15 +182,9 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
     rest = (None, None, None, None, lengths, mask, None, None, layout, group, lq, argmax)
     if codes is None:
         D = tokens(nd, ld, dtype)
-        # Documents that fit the L2 twice over are cycled through copies, so that each call of
-        # the graph reads them from DRAM as the benchmark's rotating sets do.
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        nbytes = D.numel() * D.element_size()
-        copies = [D] + [D.clone() for _ in range(min(64, -(-3 * l2 // nbytes)) - 1)] if nbytes < 2 * l2 else [D]
-        reps = max(reps, len(copies))  # every copy once per replay
-        turn = iter(range(1 << 30))
+        next_d, reps = cold_copies(D, reps)
         def call():
-            return ops.fwd(Q, copies[next(turn) % len(copies)], *rest, False)
+            return ops.fwd(Q, next_d(), *rest, False)
         dense = D
     else:
         q_scale = None
@@ -212,14 +218,10 @@ def run_varlen(ops, name: str, reps: int, replays: int) -> dict:
     cu_q, cu_d = cu(q_len), cu(d_len)
     pair_q = torch.arange(nq, device="cuda", dtype=torch.int32).repeat_interleave(k)
     pair_d = torch.arange(nq * k, device="cuda", dtype=torch.int32)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    nbytes = d.numel() * d.element_size()
-    copies = [d] + [d.clone() for _ in range(min(64, -(-3 * l2 // nbytes)) - 1)] if nbytes < 2 * l2 else [d]
-    reps = max(reps, len(copies))
-    turn = iter(range(1 << 30))
+    next_d, reps = cold_copies(d, reps)
 
     def call():
-        return ops.fwd(q, copies[next(turn) % len(copies)], cu_q, None, None, cu_d, None, None,
+        return ops.fwd(q, next_d(), cu_q, None, None, cu_d, None, None,
                        pair_q, pair_d, PAIRS, 0, int(q_len.max()), False, False)
     scores = call()[0]
     ref = []

@@ -66,7 +66,6 @@ __global__ void sum_partials_kernel(const float* partial, float* scores, int m_t
   scores[i] = s;
 }
 
-
 // Per padded document with a mask (and no lengths): one past its last masked-in token, 0 if none.
 // The forward takes these as lengths, so that it skips the padding a mask leaves after each
 // document (attention masks with skiplist holes) instead of reading it; holes stay the mask's.
@@ -210,9 +209,9 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     // on from one document into the next, and no block starts after the first ones end); with
     // more, blocks of one document each (a new block's loads overlap the epilogue of the one it
     // follows), several per block past ~8 waves. Kernel time, H100, ragged, us: 800 documents
-    // of Ld 128 / 256 / 384 (Lq 32) 14.8 / 24.5 / 31.6 -> 12.6 / 19.5 / 27.7, 384 of Ld 256
-    // 16.2 -> 12.4, against the column slices (merged by a second kernel) that such documents
-    // took before; slices were no faster even for 32 documents of 448 tokens (9.4 / 9.5 us).
+    // of Ld 128 / 256 / 384 (Lq 32) 15.1 / 24.8 / 31.5 -> 12.8 / 19.2 / 26.8, 384 of Ld 256
+    // 16.3 -> 12.1, against the column slices (merged by a second kernel) that such documents
+    // took before; the slices' one win was 32 documents of 448 tokens (9.2 against 9.4 us).
     // 8-bit documents always run one wave: a block's fixed cost (pipeline fill, query load,
     // epilogue) is large next to their half-size bytes (ragged rerank_heavy_int8 51.8 -> 43.4
     // us, fp8 56.6 -> 49.3), while 16-bit documents past two waves lose by it (ragged
