@@ -48,6 +48,11 @@ struct FwdTC {
   // (kConverted) that the wgmma reads, so stages of bytes stream at half the bytes.
   static constexpr bool kWide = WM == 8 && WN == 1;
   static constexpr bool kConverted = kWide && kCodes;
+  // The 32-row tile of a 2 x 2 warp layout (TileShape<kSlim>): on sm_90a one warpgroup takes
+  // the product transposed (document tokens x query rows, m64n32) from swizzled tiles, each of
+  // its four warps holding 16 document rows; the warps' maxima merge over kParts slices.
+  static constexpr bool kSlim = BM == 32 && BN == 64 && WM == 2 && WN == 2;
+  static constexpr int kParts = kSlim ? 4 : WN;
   // The 8-warp streaming tile stores 16-bit rows unpadded, their 16-byte chunks XOR-swizzled by
   // row % 8 within each 128-byte group (conflict-free copies and ldmatrix), where D fills whole
   // groups; the shared memory saved fits a second block per SM.
@@ -57,7 +62,7 @@ struct FwdTC {
 
   __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
   // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
-  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || swizzled(dim) ? 0 : 8); }
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || kSlim || swizzled(dim) ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
   // The converted tiles read whole rows, 16 bytes per lane: unpadded.
   __host__ __device__ static int ldd(int dim) {
@@ -68,7 +73,7 @@ struct FwdTC {
   static size_t smem_bytes(int dim) {
     return size_t(BM) * ldq(dim) * sizeof(T) + (kConverted ? size_t(BN) * kdim(dim) * sizeof(T) : 0) +
            size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
-           size_t(WN) * BM * 8 + BM * 10 + STAGES * BN * (kScaled ? 5 : 1) +
+           size_t(kParts) * BM * 8 + BM * 10 + STAGES * BN * (kScaled ? 5 : 1) +
            (kWide ? 8 + STAGES * 8 : 0);  // the TMA loads' mbarriers, 8-byte aligned
   }
 };
@@ -104,8 +109,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   T* ops_s = q_s + BM * lds;  // kConverted: the 16-bit operand tile wgmma reads (1024-aligned)
   DElem* d_s = reinterpret_cast<DElem*>(ops_s + (Cfg::kConverted ? BN * kdim : 0));
   float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * ldd);
-  int* red_i = reinterpret_cast<int*>(red_v + WN * BM);
-  float* row_val = reinterpret_cast<float*>(red_i + WN * BM);
+  int* red_i = reinterpret_cast<int*>(red_v + Cfg::kParts * BM);
+  float* row_val = reinterpret_cast<float*>(red_i + Cfg::kParts * BM);
   float* row_scale = row_val + BM;                 // each query row's scale (1 without q_scale)
   float* scale_s = row_scale + BM;                 // [STAGES][BN] token scales (kScaled only)
   bool* row_ok = reinterpret_cast<bool*>(scale_s + (Cfg::kScaled ? STAGES * BN : 0));
@@ -117,9 +122,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   const int warp_m = warp / WN, warp_n = warp % WN;
   const bool d_tma = p.d_tma && !Cfg::kConverted;  // TMA boxes: 16-bit rows only
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kWg = Cfg::kWide;
+  constexpr bool kWgSlim = Cfg::kSlim;
+  constexpr bool kWg = Cfg::kWide || kWgSlim;  // swizzled tiles read by wgmma
 #else
-  constexpr bool kWg = false;
+  constexpr bool kWgSlim = false, kWg = false;
 #endif
   // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows (kWg): K-major in
   // 64-dim atoms, each row's eight 16-byte chunks XOR-swizzled by row % 8 (the 128-byte swizzle).
@@ -175,6 +181,26 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   const bool copies = my_chunk < d_chunks;
   // Rows [row0, row0 + rows_in) of document `doc` (clipped to the tile) into stage `stage`.
   auto copy_rows = [&](int stage, int doc, int64_t first_row, int row0, int rows_in) {
+    if constexpr (kWg && !kCodes) {
+      // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads;
+      // the wgmma tile's dims fill whole 64-dim atoms, so every chunk is in range). A thread's
+      // rows are wg_step (a multiple of 8) apart, so its chunk's swizzled column never changes
+      // and every copy is one base plus a constant. Rows past `rows_in` are zero-filled.
+      const int wg_step = Cfg::kThreads / d_chunks;
+      const int r0 = tid / d_chunks, c = tid % d_chunks, rows_left = rows_in - r0;
+      DElem* dst = d_s + stage * BN * ldd + swz(r0, c, BN);
+      // A running byte address: one 64-bit add per copy instead of a multiply.
+      uint64_t src = reinterpret_cast<uint64_t>(dg + row_elem(p.d, doc, first_row, 0) + c * 8) +
+                     uint64_t(row0 + r0) * p.d.row_stride * sizeof(DElem);
+      const uint64_t step = uint64_t(wg_step) * p.d.row_stride * sizeof(DElem);
+#pragma unroll
+      for (int i = 0; i < BN / wg_step; ++i) {
+        const bool in = i * wg_step < rows_left;
+        cp_async16(dst + i * wg_step * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
+        src += step;
+      }
+      return;
+    }
     if (!copies) return;
     // A thread's rows are row_step apart, a multiple of 8 wherever the tile is swizzled, so
     // its chunk's place in every row is the same.
@@ -198,7 +224,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // A padded document's first tile is requested before anything is looked up: its rows below
   // pad_len are the document's own (padding past its length only reaches masked columns), so
   // the copies need no length, and its latency overlaps the length and query loads.
-  const bool early = !kWg && p.d.offsets == nullptr;
+  const bool early = (!kWg || kWgSlim) && p.d.offsets == nullptr;
   if (early) copy_rows(0, item_doc(item_begin), 0, 0, p.d.pad_len);
 
   // ---- producer: walks (item, tile) ahead of the consumer
@@ -234,9 +260,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         const Segment g = segment_of(p.q, qi);
         if (t < g.rows) src = qg + row_elem(p.q, qi, g.first_row, t) + k * 8;
       }
-      if constexpr (!kWg && !kCodes) {
+      if constexpr ((!kWg || kWgSlim) && !kCodes) {
         if (async) {
-          cp_async16(q_s + r * lds + chunk_at(r, k), src != nullptr ? src : qg, src != nullptr ? 16 : 0);
+          T* dst = kWg ? q_s + swz(r, k, BM) : q_s + r * lds + chunk_at(r, k);
+          cp_async16(dst, src != nullptr ? src : qg, src != nullptr ? 16 : 0);
           continue;
         }
       }
@@ -302,24 +329,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           for (int atom = 0; atom < kdim / 64; ++atom)
             tma_load_2d(tile + atom * BN * 64, p.d_tmap, atom * 64, grow, full + stage);
         }
-      } else if constexpr (kWg && !kCodes) {
-        // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads;
-        // the wgmma tile's dims fill whole 64-dim atoms, so every chunk is in range). A thread's
-        // rows are wg_step (a multiple of 8) apart, so its chunk's swizzled column never changes
-        // and every copy is one base plus a constant.
-        const int wg_step = Cfg::kThreads / d_chunks;
-        const int r0 = tid / d_chunks, c = tid % d_chunks, rows_left = p_span.cols - row0 - r0;
-        DElem* dst = d_s + stage * BN * ldd + swz(r0, c, BN);
-        // A running byte address: one 64-bit add per copy instead of a multiply.
-        uint64_t src = reinterpret_cast<uint64_t>(dg + row_elem(p.d, doc, p_seg.first_row, 0) + c * 8) +
-                       uint64_t(row0 + r0) * p.d.row_stride * sizeof(DElem);
-        const uint64_t step = uint64_t(wg_step) * p.d.row_stride * sizeof(DElem);
-#pragma unroll
-        for (int i = 0; i < BN / wg_step; ++i) {
-          const bool in = i * wg_step < rows_left;
-          cp_async16(dst + i * wg_step * 64, in ? reinterpret_cast<const DElem*>(src) : dg, in ? 16 : 0);
-          src += step;
-        }
       } else if (!copied) {
         // Rows past the document's valid columns are not copied at all: their stale contents
         // only reach masked columns (valid_cols).
@@ -345,12 +354,14 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // The TMA barriers' initialisation must be visible to every thread before the first step.
   if (kWg && d_tma) __syncthreads();
 
-  // ---- consumer state
-  float best_v[MT][2];
-  int best_i[MT][2];
+  // ---- consumer state: per row tile and column parity (kWgSlim: per query column block j of
+  // the transposed product and parity h, over this thread's document rows)
+  constexpr int kBestRows = kWgSlim ? 4 : MT;
+  float best_v[kBestRows][2];
+  int best_i[kBestRows][2];
   auto reset = [&]() {
 #pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
+    for (int mi = 0; mi < kBestRows; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) { best_v[mi][h] = -INFINITY; best_i[mi][h] = -1; }
   };
@@ -481,30 +492,52 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     }
   };
 
+  // (v, i) merged with the lanes whose index differs from this one's in the bits [first, last):
+  // a butterfly, so that every one of them ends with the best.
+  auto merge_lanes = [&](float& v, int& i, int first, int last) {
+#pragma unroll
+    for (int off = first; off < last; off <<= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+      if constexpr (kArgmax) {
+        const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+        if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
+      } else {
+        v = max_nan(v, ov);
+      }
+    }
+  };
   // End of a document: merge lanes, then warps, then sum rows per query.
   auto end_doc = [&](int item) {
+    if constexpr (kWgSlim) {
+      // Query row 8j + 2 (lane % 4) + h: the eight lanes of equal lane % 4 hold the warp's 16
+      // document rows of every tile; lanes 0..3 publish the warp's best.
 #pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v = best_v[mi][h];
-        int i = best_i[mi][h];
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-          const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-          if constexpr (kArgmax) {
-            const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-            if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
-          } else {
-            v = max_nan(v, ov);
+        for (int h = 0; h < 2; ++h) {
+          float v = best_v[j][h];
+          int i = best_i[j][h];
+          merge_lanes(v, i, 4, 32);
+          if (lane < 4) {
+            red_v[warp * BM + 8 * j + 2 * lane + h] = v;
+            red_i[warp * BM + 8 * j + 2 * lane + h] = i;
           }
         }
-        if (lane % 4 == 0) {
-          const int r = warp_m * Cfg::kWarpRows + mi * 16 + h * 8 + lane / 4;
-          red_v[warp_n * BM + r] = v;
-          red_i[warp_n * BM + r] = i;
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = best_v[mi][h];
+          int i = best_i[mi][h];
+          merge_lanes(v, i, 1, 4);
+          if (lane % 4 == 0) {
+            const int r = warp_m * Cfg::kWarpRows + mi * 16 + h * 8 + lane / 4;
+            red_v[warp_n * BM + r] = v;
+            red_i[warp_n * BM + r] = i;
+          }
         }
-      }
+    }
     reset();
     __syncthreads();
     const int qfirst = pm.layout == kPairs ? loaded_q : q0;
@@ -513,7 +546,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       v = red_v[r];
       i = red_i[r];
 #pragma unroll
-      for (int w = 1; w < WN; ++w) {
+      for (int w = 1; w < Cfg::kParts; ++w) {
         const float ov = red_v[w * BM + r];
         if constexpr (kArgmax) {
           const int oi = red_i[w * BM + r];
@@ -570,7 +603,66 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     }
   };
 
-  if constexpr (kWg) {
+  if constexpr (kWgSlim) {
+    // Hopper, 32-row tile: S^T = D_tile * Q^T (m64n32: document tokens x query rows), both tiles
+    // read from swizzled shared memory. Thread (warp, lane) holds document rows my_row and
+    // my_row + 8 of the tile against query rows 8j + 2 (lane % 4) + h (d[4j + h], d[4j + 2 + h]).
+    const uint64_t q_desc = smem_desc_sw128(q_s);
+    const uint64_t d_desc = smem_desc_sw128(reinterpret_cast<const T*>(d_s));
+    auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
+    const int my_row = warp * 16 + lane / 4;
+    while (c_item < item_end) {
+      stage_mask();
+      cp_async_wait<STAGES - 2>();
+      fence_proxy_async();  // this thread's copies, then wgmma's reads
+      __syncthreads();
+      issue((stage + STAGES - 1) % STAGES, false);
+      if (pm.layout == kPairs && c_tile == 0) {
+        const int qi = pm.pair_q[c_item];
+        if (qi != loaded_q) {  // every warp passed its last wgmma's wait before the barrier above
+          load_queries(qi, false);
+          load_row_flags(qi);
+          loaded_q = qi;
+          fence_proxy_async();
+          __syncthreads();
+        }
+      }
+      float d[16];
+      const uint64_t d_stage = d_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kdim / 16; ++k)
+        wgmma_m64n32k16<kBf16>(d, d_stage + k_off(k, BN), q_desc + k_off(k, BM), k > 0);
+      wgmma_commit();
+      const int col = c_tile * BN + my_row;  // document token of d[4j + h]; d[4j + 2 + h]: col + 8
+      const bool ok0 = col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + my_row]);
+      const bool ok1 = col + 8 < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + my_row + 8]);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float v0 = ok0 ? d[4 * j + h] : -INFINITY, v1 = ok1 ? d[4 * j + 2 + h] : -INFINITY;
+          if constexpr (kArgmax) {
+            // The lower row wins ties; the first NaN wins (as tile_max).
+            const bool second = v1 > v0 || (v1 != v1 && v0 == v0);
+            const float t = second ? v1 : v0, b = best_v[j][h];
+            if (t > b || (t != t && b == b)) {
+              best_v[j][h] = t;
+              best_i[j][h] = second ? col + 8 : col;
+            }
+          } else {
+            best_v[j][h] = max_nan(best_v[j][h], max_nan(v0, v1));
+          }
+        }
+      if (++c_tile == c_span.tiles) {
+        end_doc(c_item);
+        if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
+        c_tile = 0;
+      }
+      stage = (stage + 1) % STAGES;
+    }
+  } else if constexpr (kWg) {
     // Hopper: one accumulator set per thread (64 values), so that two blocks share an SM and
     // one's max runs while the other's wgmma does (all-pairs and grouped layouts: the query tile
     // never changes).

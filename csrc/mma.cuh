@@ -142,6 +142,25 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
 #undef MAXSIM_F
 #endif
 }
+// D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T: the same layout over 4 column blocks (d[4j + e]).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MAXSIM_WG_ASM(TYPE)                                                                        \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                              \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                 \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"                                                              \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),      \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),  \
+        "+f"(d[14]), "+f"(d[15])                                                                   \
+      : "l"(a), "l"(b), "r"(int(accumulate)))
+  if constexpr (kBf16) MAXSIM_WG_ASM("bf16");
+  else MAXSIM_WG_ASM("f16");
+#undef MAXSIM_WG_ASM
+#endif
+}
 // The same tile on int8 codes: D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T, int32 accumulators in
 // the same places. A k32 step of codes spans the 32 bytes of an fp16 k16 step, so the descriptors
 // advance alike.

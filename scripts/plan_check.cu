@@ -20,6 +20,7 @@ const char* tile_name(Tile t) {
     case Tile::kLarge: return "large";
     case Tile::kWide: return "wide";
     case Tile::kStream: return "stream";
+    case Tile::kSlim: return "slim";
   }
   return "?";
 }
@@ -88,7 +89,7 @@ int main() {
         expect(smem <= size_t(dev.max_smem), "tile exceeds the shared memory per block", dev, c, plan.tile);
         expect(plan.tile == Tile::kSimt || plan.blocks > 0, "no blocks", dev, c, plan.tile);
         expect(c.codes == Codes::kNone || plan.tile != Tile::kSimt, "8-bit documents without a tile", dev, c, plan.tile);
-        if (dev.sm != 90) expect(plan.tile != Tile::kWide && plan.tile != Tile::kStream, "Hopper-only tile", dev, c, plan.tile);
+        if (dev.sm != 90) expect(plan.tile != Tile::kWide && plan.tile != Tile::kStream && plan.tile != Tile::kSlim, "Hopper-only tile", dev, c, plan.tile);
         if (dt == DType::kF16)
           std::printf("sm_%d %-15s -> %-6s %6zu B smem, %d blocks\n", dev.sm, c.name, tile_name(plan.tile), smem, plan.blocks);
       }
@@ -97,7 +98,7 @@ int main() {
   // What the H100 measurements chose (docs/ARCHITECTURE.md).
   const DeviceInfo& h100 = devices[3];
   const struct { int at; Tile tile; } want[] = {
-      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSmall}, {10, Tile::kWide}, {11, Tile::kWide}};
+      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSlim}, {10, Tile::kWide}, {11, Tile::kWide}};
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);

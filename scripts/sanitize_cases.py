@@ -33,6 +33,15 @@ def main():
         maxsim.maxsim_with_argmax(tokens(2, 50, 64, dtype=dtype), D)  # 64-row tile
         maxsim.maxsim(tokens(2, 130, 64, dtype=dtype), D)  # 128-row tile, partial sums
         maxsim.maxsim_with_argmax(tokens(1, 16, 64, dtype=dtype), tokens(2, 700, 64, dtype=dtype))
+    # the 32-row tile at D 128 (on Hopper its transposed wgmma form): masks, argmax, pairs
+    Qs, Ds = tokens(3, 20, 128), tokens(3, 4, 150, 128)
+    s_mask = torch.rand(3, 4, 150, device="cuda") > 0.2
+    maxsim.maxsim_with_argmax(Qs, Ds, d_mask=s_mask)
+    cu_q = torch.tensor([0, 20, 35, 60], device="cuda", dtype=torch.int32)
+    cu_d = torch.tensor([0, 150, 220, 230, 400], device="cuda", dtype=torch.int32)
+    maxsim.maxsim_varlen(tokens(60, 128), cu_q, tokens(400, 128), cu_d,
+                         pair_q=torch.tensor([0, 0, 1, 2], device="cuda", dtype=torch.int32),
+                         pair_d=torch.tensor([1, 3, 0, 2], device="cuda", dtype=torch.int32))
     # many short queries share the 128-row tile
     maxsim.maxsim(tokens(40, 16, 64), tokens(9, 70, 64), d_lengths=lens.repeat(2)[:9])
     # the compute-bound tile at the sizes that take wgmma on Hopper (D 128 and 64, masks, argmax)
