@@ -194,20 +194,16 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
   }
-  // Long padded documents stream faster through the 8-warp, 128-column tile (H100, kernel time:
-  // rerank_colpali 68.8 -> 62.8 us); documents of a few 64-row tiles do not (rerank_heavy, Ld
-  // 128..256: 77 -> 80 us), and packed documents' lengths are not known here. Measured on the
-  // H100 alone, whose 228 KB per SM hold two of its 107 KB blocks.
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && !bytes && (p.dim == 64 || p.dim == 128) &&
-      p.d.offsets == nullptr && p.d.pad_len >= 512 &&
-      tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
-    plan.tile = Tile::kStream;
   // On Hopper the 32-row tile of 16-bit documents runs transposed on wgmma (kSlim): no ldmatrix
   // re-reading the query for every tile (kernel time, H100, ragged: rerank 25.9 -> 24.3 us,
-  // rerank_heavy 59.7 -> 55.6, varlen 55.7 -> 52.4). Long padded documents keep kStream (a tie).
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128) &&
-      tile_smem(Tile::kSlim, p, dtype) <= size_t(dev.max_smem))
-    plan.tile = Tile::kSlim;
+  // rerank_heavy 59.7 -> 55.6, varlen 55.7 -> 52.4). Padded documents of 512+ tokens take it with
+  // four stages (kStream), against the 8-warp 32 x 128 mma.sync tile they took before
+  // (rerank_colpali 57.7-58.4 -> 57.2-57.4 us, 320 such documents 28.6-28.8 -> 26.9-27.1);
+  // shorter ones lose by the deeper stages (fewer resident blocks: rerank 24.6 -> 27.2).
+  if (plan.tile == Tile::kSmall && dev.sm == 90 && p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128)) {
+    const Tile t = p.d.offsets == nullptr && p.d.pad_len >= 512 ? Tile::kStream : Tile::kSlim;
+    if (tile_smem(t, p, dtype) <= size_t(dev.max_smem)) plan.tile = t;
+  }
   const int items = std::max(1, num_items(p));
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
     // Streaming short queries (memory-bound): with fewer units than two waves of resident

@@ -24,39 +24,35 @@ namespace fwd_detail {
 //          two stages each, so that one block's max overlaps the other's wgmma. About 1.9x
 //          kLarge's speed on the H100 (kernel time, corpus and allpairs_large). 8-bit codes
 //          stage as bytes and are turned into one 16-bit operand tile per step.
-//  kStream 32 x 128, 8 warps: kSmall's work on 16-bit documents with D a multiple of 64, in
-//          swizzled (unpadded) stages, so that two blocks per SM keep four 32 KB tiles in flight.
 //  kSlim   32 x 64, 4 warps: kSmall's work on Hopper's wgmma for 16-bit documents of D = 64 /
 //          128 (sm_90a builds; a 2 x 2 warp mma.sync tile elsewhere, never planned there). The
 //          product is taken transposed, document tokens x query rows (m64n32), so that the
 //          tensor cores read both tiles from shared memory: no ldmatrix, and each thread keeps a
 //          running max over its own two document rows per tile, merged once per document.
+//  kStream kSlim with four stages (three blocks per SM), for padded documents of 512+ tokens:
+//          a deeper queue per block pays where each block streams many tiles.
 
 template <Tile> struct TileShape;
 template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 2; };
 template <> struct TileShape<Tile::kMedium> { static constexpr int BM = 64, BN = 64, WM = 2, WN = 2, STAGES = 4; };
 template <> struct TileShape<Tile::kLarge> { static constexpr int BM = 128, BN = 128, WM = 2, WN = 4, STAGES = 2; };
 template <> struct TileShape<Tile::kWide> { static constexpr int BM = 128, BN = 128, WM = 8, WN = 1, STAGES = 2; };
-template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN = 128, WM = 1, WN = 8, STAGES = 3; };
 template <> struct TileShape<Tile::kSlim> { static constexpr int BM = 32, BN = 64, WM = 2, WN = 2, STAGES = 2; };
+template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN = 64, WM = 2, WN = 2, STAGES = 4; };
 
 using Plan = FwdPlan;
 
-// Which instances a document storage is built for: the 8-warp streaming tile (kStream) takes
-// 16-bit rows only (the planner never picks it for codes turned into operands), the transposed
-// wgmma tile (kSlim) 16-bit documents only, and int8 x int8 rows are fp16 pairs of codes (no
-// bf16 instance).
+// Which instances a document storage is built for: the transposed wgmma tiles (kSlim, kStream)
+// take 16-bit documents only, and int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
 template <Tile kTile, typename DT, typename T>
-constexpr bool kInstanceOf = (kTile != Tile::kStream || !kIsCodes<DT>) &&
-                             (kTile != Tile::kSlim || std::is_same_v<DT, Plain>) &&
+constexpr bool kInstanceOf = ((kTile != Tile::kSlim && kTile != Tile::kStream) || std::is_same_v<DT, Plain>) &&
                              !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
 
 // 8-bit tiles take half the shared memory: three stages for the mma.sync shapes, which leaves
-// room for more resident blocks of the streaming tile (kMinBlocks) and a deeper pipeline of the
-// 8-warp one. The wgmma and 8-warp streaming tiles keep their 16-bit stage counts (kSlim has no
-// 8-bit instance).
+// room for more resident blocks of the streaming tile (kMinBlocks). The wgmma tile keeps its
+// 16-bit stage count (kSlim and kStream have no 8-bit instance).
 template <Tile kTile, typename DT>
-constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide && kTile != Tile::kStream ? 3 : TileShape<kTile>::STAGES;
+constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide ? 3 : TileShape<kTile>::STAGES;
 
 // The embedding dim with a fully unrolled k loop: ColBERT / ColPali's 128, which int8 x int8 rows
 // see as 64 fp16 pairs of codes.

@@ -53,16 +53,11 @@ struct FwdTC {
   // its four warps holding 16 document rows; the warps' maxima merge over kParts slices.
   static constexpr bool kSlim = BM == 32 && BN == 64 && WM == 2 && WN == 2;
   static constexpr int kParts = kSlim ? 4 : WN;
-  // The 8-warp streaming tile stores 16-bit rows unpadded, their 16-byte chunks XOR-swizzled by
-  // row % 8 within each 128-byte group (conflict-free copies and ldmatrix), where D fills whole
-  // groups; the shared memory saved fits a second block per SM.
-  static constexpr bool kSwizzle = WM == 1 && WN == 8 && !kCodes;
-  __host__ __device__ static bool swizzled(int dim) { return kSwizzle && kdim(dim) % 64 == 0; }
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
   __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
   // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
-  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || kSlim || swizzled(dim) ? 0 : 8); }
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || kSlim ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
   // The converted tiles read whole rows, 16 bytes per lane: unpadded.
   __host__ __device__ static int ldd(int dim) {
@@ -130,9 +125,6 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows (kWg): K-major in
   // 64-dim atoms, each row's eight 16-byte chunks XOR-swizzled by row % 8 (the 128-byte swizzle).
   auto swz = [](int r, int c, int rows) { return (c / 8) * rows * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8; };
-  // Element offset of 16-byte chunk c within row r of a padded or swizzled (Cfg::swizzled) tile.
-  const bool swizzle = Cfg::swizzled(dim);
-  auto chunk_at = [swizzle](int r, int c) { return (swizzle ? c ^ (r % 8) : c) * 8; };
 
   // ---- what this block owns
   const int qtile = blockIdx.x % grid.q_tiles;
@@ -202,10 +194,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       return;
     }
     if (!copies) return;
-    // A thread's rows are row_step apart, a multiple of 8 wherever the tile is swizzled, so
-    // its chunk's place in every row is the same.
-    DElem* dst = d_s + stage * BN * ldd +
-                 (kCodes ? my_chunk * Cfg::kChunkElems : chunk_at(tid / chunks_p2, my_chunk));
+    DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
     const DElem* src0 = dg + row_elem(p.d, doc, first_row, 0) + my_chunk * Cfg::kChunkElems;
     // Chunks past `dim` are zero-filled, since the query's zero dims would turn stale Inf or
     // NaN into NaN inside a valid dot product.
@@ -262,7 +251,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       }
       if constexpr ((!kWg || kWgSlim) && !kCodes) {
         if (async) {
-          T* dst = kWg ? q_s + swz(r, k, BM) : q_s + r * lds + chunk_at(r, k);
+          T* dst = kWg ? q_s + swz(r, k, BM) : q_s + r * lds + k * 8;
           cp_async16(dst, src != nullptr ? src : qg, src != nullptr ? 16 : 0);
           continue;
         }
@@ -280,7 +269,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         for (int j = 0; j < 4; ++j)
           *reinterpret_cast<uint32_t*>(q_s + r * lds + base + (j / 2) * 16 + (j % 2) * 8) = w[j];
       } else {
-        *reinterpret_cast<uint4*>(q_s + r * lds + chunk_at(r, k)) = v;
+        *reinterpret_cast<uint4*>(q_s + r * lds + k * 8) = v;
       }
     }
   };
@@ -801,13 +790,12 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           }
         }
       } else {
-        // Every row a lane addresses is lane % 8 modulo 8 (tiles of 16 rows, groups of 8).
         const T* a_row = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds;
         const T* b_row = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + (lane / 16) * 8 + (lane % 8)) * ldd;
 #pragma unroll
         for (int k0 = 0; k0 < kdim; k0 += 16) {
           uint32_t a[MT][4], b[NT / 2][4];
-          const int a_col = chunk_at(lane, k0 / 8 + lane / 16), b_col = chunk_at(lane, k0 / 8 + (lane / 8) % 2);
+          const int a_col = k0 + (lane / 16) * 8, b_col = k0 + ((lane / 8) % 2) * 8;
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_row + mi * 16 * lds + a_col);
 #pragma unroll
