@@ -17,7 +17,8 @@
 // On Hopper the 128-row compute tile (kWide: two warpgroups of 64 rows x 128 columns) runs on
 // wgmma: query and document tiles are stored with the 128-byte swizzle and read through shared-
 // memory descriptors. Two blocks per SM with two stages each: one block's max runs while the
-// other's wgmma does.
+// other's wgmma does. The 32-row streaming tile of 16-bit documents (kWgSlim) runs on wgmma too,
+// transposed: S^T = D_tile * Q^T, one warpgroup of 64 document tokens x 32 query rows per tile.
 #pragma once
 #include "codes.cuh"
 #include "layout.cuh"
@@ -48,9 +49,10 @@ struct FwdTC {
   // (kConverted) that the wgmma reads, so stages of bytes stream at half the bytes.
   static constexpr bool kWide = WM == 8 && WN == 1;
   static constexpr bool kConverted = kWide && kCodes;
-  // The 32-row tile of a 2 x 2 warp layout (TileShape<kSlim>): on sm_90a one warpgroup takes
-  // the product transposed (document tokens x query rows, m64n32) from swizzled tiles, each of
-  // its four warps holding 16 document rows; the warps' maxima merge over kParts slices.
+  // The 32-row tile of a 2 x 2 warp layout (TileShape<kSlim>, <kStream>): on sm_90a one
+  // warpgroup takes the product transposed (document tokens x query rows, m64n32) from swizzled
+  // tiles, each of its four warps holding 16 document rows; the warps' maxima merge over kParts
+  // slices.
   static constexpr bool kSlim = BM == 32 && BN == 64 && WM == 2 && WN == 2;
   static constexpr int kParts = kSlim ? 4 : WN;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
@@ -319,8 +321,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
             tma_load_2d(tile + atom * BN * 64, p.d_tmap, atom * 64, grow, full + stage);
         }
       } else if (!copied) {
-        // Rows past the document's valid columns are not copied at all: their stale contents
-        // only reach masked columns (valid_cols).
+        // Rows past the document's valid columns are not copied (the wgmma tiles zero-fill
+        // them): their stale contents only reach masked columns (valid_cols).
         copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
       }
       if (++p_tile == p_span.tiles) {
@@ -592,13 +594,15 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     }
   };
 
+  // Descriptor offset (16-byte units) of k16 step k in a swizzled wgmma tile of `rows` rows: a
+  // k step or a stage moves the start address only (its field holds address / 16, no carry out).
+  auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
   if constexpr (kWgSlim) {
     // Hopper, 32-row tile: S^T = D_tile * Q^T (m64n32: document tokens x query rows), both tiles
     // read from swizzled shared memory. Thread (warp, lane) holds document rows my_row and
     // my_row + 8 of the tile against query rows 8j + 2 (lane % 4) + h (d[4j + h], d[4j + 2 + h]).
     const uint64_t q_desc = smem_desc_sw128(q_s);
     const uint64_t d_desc = smem_desc_sw128(reinterpret_cast<const T*>(d_s));
-    auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
     const int my_row = warp * 16 + lane / 4;
     while (c_item < item_end) {
       stage_mask();
@@ -656,11 +660,9 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     // one's max runs while the other's wgmma does (all-pairs and grouped layouts: the query tile
     // never changes).
     float acc[MT][NT][4];
-    // Descriptors of this warpgroup's 64 query rows and of stage 0, first k step; a k step or a
-    // stage moves the start address only (its field holds address / 16, no carry out).
+    // Descriptors of this warpgroup's 64 query rows and of stage 0, first k step (k_off above).
     const uint64_t a_desc = smem_desc_sw128(q_s + (warp / 4) * 64 * 64);
     const uint64_t b_desc = smem_desc_sw128(Cfg::kConverted ? ops_s : reinterpret_cast<const T*>(d_s));
-    auto k_off = [](int k, int rows) { return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16); };
     // kConverted: stage s's codes -> the operand tile, swizzled as wgmma reads it. A lane turns
     // one 16-byte chunk of codes (dims 16k .. 16k+15 of row r) into operand chunks 2k and 2k+1;
     // lanes of the second 64-dim atom store the odd chunk first, so that each store of eight
