@@ -98,7 +98,6 @@ __global__ void __launch_bounds__(128) persistent_queue(Args a) {
     }
     commit();
   };
-  int c_doc = p_doc; // consumer just counts tiles of docs in the order produced
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
   int stage = 0;
   // consumer: run until producer ran out and all stages consumed
@@ -112,7 +111,6 @@ __global__ void __launch_bounds__(128) persistent_queue(Args a) {
     stage = (stage + 1) % STAGES;
     if (!more) { if (--pending == 0) break; }
   }
-  (void)c_doc;
   if (acc == 1.2345f) a.out[blockIdx.x] = acc;
   // last block resets the counter
   __syncthreads();
@@ -178,9 +176,8 @@ __global__ void __launch_bounds__(128) bpd(Args a, const char* q, int docs_per_q
   if (QM == 1) { for (int c = tid; c < 512; c += 128) cp16(q_s + c * 16, qsrc + c * 16); commit(); }
   float acc = 0;
   for (int t = 0; t < tiles; ++t) {
-    if (DM == 0) { if (QM == 1 && t == 0) wait<0>(); else wait<0>(); }
-    else mb_wait(bars + (t % 2), (t / 2) & 1);
-    if (QM == 1 && t == 0) wait<0>();
+    if (DM == 0 || (QM == 1 && t == 0)) wait<0>();  // cp.async groups: the tile's, the query's
+    if (DM == 1) mb_wait(bars + (t % 2), (t / 2) & 1);
     if (QM == 2 && t == 0) mb_wait(bars + 2, 0);
     __syncthreads();
     issue(t + 1);
