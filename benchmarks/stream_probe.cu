@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <algorithm>
 #include <cuda_fp16.h>
@@ -55,6 +56,33 @@ __global__ void __launch_bounds__(128) block_per_doc(Args a) {
     acc += consume(sm + (t % STAGES) * TILEB);
   }
   if (threadIdx.x == 0) a.out[doc] = acc;
+}
+
+// A': a block per `per_block` consecutive documents (one wave), its pipeline running on from one
+// document into the next (the 8-bit forward's grid).
+template <int STAGES>
+__global__ void __launch_bounds__(128) block_per_chunk(Args a, int per_block) {
+  extern __shared__ __align__(16) char sm[];
+  const int d0 = blockIdx.x * per_block, d1 = min(a.n, d0 + per_block);
+  int total = 0;
+  for (int d = d0; d < d1; ++d) total += max(1, (a.len[d] + BN - 1) / BN);
+  int pd = d0, pt = 0, plen = a.len[d0];
+  auto issue = [&](int slot) {
+    if (pd < d1) {
+      copy_tile(sm + slot * TILEB, a, pd, pt * BN, plen - pt * BN);
+      if (++pt == max(1, (plen + BN - 1) / BN)) { pt = 0; if (++pd < d1) plen = a.len[pd]; }
+    }
+    commit();
+  };
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  float acc = 0;
+  for (int t = 0; t < total; ++t) {
+    wait<STAGES - 2>();
+    __syncthreads();
+    issue((t + STAGES - 1) % STAGES);
+    acc += consume(sm + (t % STAGES) * TILEB);
+  }
+  if (acc == 1.2345f) a.out[blockIdx.x] = acc;
 }
 
 // B: block per doc, every row of the doc requested at once into registers (max loads in flight)
@@ -212,13 +240,18 @@ float time_graph(F launch, int reps = 20, int replays = 9) {
 
 int main(int argc, char** argv) {
   int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  struct Shape { const char* name; int n, ld; } shapes[] = {{"rerank", 1600, 180}, {"rerank_heavy", 3200, 256}, {"rerank_colpali", 800, 1024}, {"ld128", 800, 128}, {"ld256", 800, 256}};
+  // heavy_int8 / colpali_int8: the bytes of the 8-bit rows (rerank_heavy_int8, rerank_colpali_int8:
+  // 128-byte rows of Ld 256 / 1024) as 256-byte rows of half the length. An argument keeps the
+  // shapes whose name contains it.
+  struct Shape { const char* name; int n, ld; } shapes[] = {{"rerank", 1600, 180}, {"rerank_heavy", 3200, 256}, {"rerank_colpali", 800, 1024}, {"ld128", 800, 128}, {"ld256", 800, 256},
+                                                            {"heavy_int8", 3200, 128}, {"colpali_int8", 800, 512}};
   float empty_us;
   {
     Args a{}; empty_us = time_graph([&](cudaStream_t s, int) { empty_kernel<<<1, 32, 0, s>>>(a); });
     printf("empty kernel in graph: %.2f us\n", empty_us);
   }
   for (auto sh : shapes) {
+    if (argc > 1 && !strstr(sh.name, argv[1])) continue;
     const int copies = 3;
     size_t bytes = (size_t)sh.n * sh.ld * ROWB;
     std::vector<char*> d(copies);
@@ -243,6 +276,17 @@ int main(int argc, char** argv) {
     report("block/doc cp.async 2 stages", time_graph([&](cudaStream_t s, int i) { block_per_doc<2><<<sh.n, 128, 2 * TILEB, s>>>(args(i)); }));
     report("block/doc cp.async 3 stages", time_graph([&](cudaStream_t s, int i) { block_per_doc<3><<<sh.n, 128, 3 * TILEB, s>>>(args(i)); }));
     report("block/doc cp.async 4 stages", time_graph([&](cudaStream_t s, int i) { block_per_doc<4><<<sh.n, 128, 4 * TILEB, s>>>(args(i)); }));
+    {
+      // one wave of multi-document blocks (as the 8-bit forward): two 16 KB stages at five blocks
+      // per SM, or three at four
+      const int smem5 = (227 * 1024) / 5 - 1024; char buf[64];
+      const int per5 = (sh.n + 5 * sms - 1) / (5 * sms), per4 = (sh.n + 4 * sms - 1) / (4 * sms);
+      setsmem(block_per_chunk<2>, smem5); setsmem(block_per_chunk<3>, 3 * TILEB);
+      snprintf(buf, 64, "one wave, %d docs/block, 5/SM, 2 st", per5);
+      report(buf, time_graph([&](cudaStream_t s, int i) { block_per_chunk<2><<<(sh.n + per5 - 1) / per5, 128, smem5, s>>>(args(i), per5); }));
+      snprintf(buf, 64, "one wave, %d docs/block, 4/SM, 3 st", per4);
+      report(buf, time_graph([&](cudaStream_t s, int i) { block_per_chunk<3><<<(sh.n + per4 - 1) / per4, 128, 3 * TILEB, s>>>(args(i), per4); }));
+    }
     for (int occ : {3, 4, 5, 6}) {
       int smem = std::max(2 * TILEB, (227 * 1024) / occ - 1024); char buf[64];
       setsmem(block_per_doc<2>, smem);

@@ -30,7 +30,11 @@ namespace fwd_detail {
 //          tensor cores read both tiles from shared memory: no ldmatrix, and each thread keeps a
 //          running max over its own two document rows per tile, merged once per document.
 //  kStream kSlim with four stages (three blocks per SM), for padded documents of 512+ tokens:
-//          a deeper queue per block pays where each block streams many tiles.
+//          a deeper queue per block pays where each block streams many tiles. 8-bit codes run it
+//          as kSmall's 1 x 4 warps over 128-row tiles (ShapeOf): a tile of codes then holds as
+//          many bytes as a 16-bit one, so the per-tile cost (barrier, copies, bookkeeping) is
+//          paid per 16 KB (kernel time, H100, ragged: rerank_colpali_int8 41.1 -> 37.9 us, fp8
+//          40.1 -> 35.8); on shorter documents the wider tile lost (rerank_heavy_int8 39.4 -> 42.0).
 
 template <Tile> struct TileShape;
 template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 2; };
@@ -42,17 +46,26 @@ template <> struct TileShape<Tile::kStream> { static constexpr int BM = 32, BN =
 
 using Plan = FwdPlan;
 
+// The shape a document storage runs a tile with.
+template <Tile kTile, typename DT>
+struct ShapeOf : TileShape<kTile> {};
+template <> struct ShapeOf<Tile::kStream, Int8Codes> { static constexpr int BM = 32, BN = 128, WM = 1, WN = 4, STAGES = 2; };
+template <> struct ShapeOf<Tile::kStream, E4m3Codes> : ShapeOf<Tile::kStream, Int8Codes> {};
+
 // Which instances a document storage is built for: the transposed wgmma tiles (kSlim, kStream)
-// take 16-bit documents only, and int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
+// take 16-bit documents only (8-bit codes run kStream as an mma.sync shape, ShapeOf), and int8 x
+// int8 rows are fp16 pairs of codes (no bf16 instance).
 template <Tile kTile, typename DT, typename T>
-constexpr bool kInstanceOf = ((kTile != Tile::kSlim && kTile != Tile::kStream) || std::is_same_v<DT, Plain>) &&
+constexpr bool kInstanceOf = (kTile != Tile::kSlim || std::is_same_v<DT, Plain>) &&
+                             (kTile != Tile::kStream || std::is_same_v<DT, Plain> || kIsCodes<DT>) &&
                              !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
 
 // 8-bit tiles take half the shared memory: three stages for the mma.sync shapes, which leaves
 // room for more resident blocks of the streaming tile (kMinBlocks). The wgmma tile keeps its
-// 16-bit stage count (kSlim and kStream have no 8-bit instance).
+// 16-bit stage count, and 8-bit kStream its own (two 16 KB stages, four blocks per SM: three
+// stages, three blocks, were 2-5% slower).
 template <Tile kTile, typename DT>
-constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide ? 3 : TileShape<kTile>::STAGES;
+constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide && kTile != Tile::kStream ? 3 : ShapeOf<kTile, DT>::STAGES;
 
 // The embedding dim with a fully unrolled k loop: ColBERT / ColPali's 128, which int8 x int8 rows
 // see as 64 fp16 pairs of codes.
@@ -60,12 +73,12 @@ template <typename DT>
 constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : 128;
 
 template <typename T, typename DT, Tile kTile>
-using TileCfg = FwdTC<T, DT, TileShape<kTile>::BM, TileShape<kTile>::BN, TileShape<kTile>::WM,
-                      TileShape<kTile>::WN, kStages<kTile, DT>, false>;
+using TileCfg = FwdTC<T, DT, ShapeOf<kTile, DT>::BM, ShapeOf<kTile, DT>::BN, ShapeOf<kTile, DT>::WM,
+                      ShapeOf<kTile, DT>::WN, kStages<kTile, DT>, false>;
 
 template <typename T, typename DT, Tile kTile, bool kArgmax, int kDim>
 constexpr auto tc_kernel() {
-  using S = TileShape<kTile>;
+  using S = ShapeOf<kTile, DT>;
   return fwd_tc_kernel<T, DT, S::BM, S::BN, S::WM, S::WN, kStages<kTile, DT>, kArgmax, kDim>;
 }
 

@@ -58,6 +58,11 @@ def main():
             maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # few long documents
         both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
         maxsim.maxsim(*both)
+        # candidates of 512+ tokens: 128-row tiles of codes on Hopper (D 128, lengths, argmax)
+        long = maxsim.quantize(tokens(6, 600, 128), fmt)
+        cand = maxsim.QuantizedTokens(long.codes.view(2, 3, 600, 128), long.scale.view(2, 3, 600))
+        long_len = torch.tensor([[600, 1, 300], [0, 599, 513]], device="cuda", dtype=torch.int32)
+        maxsim.maxsim_with_argmax(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)
         # the wgmma tile's size: codes converted into 16-bit operand stages on Hopper
         dtype = torch.float16 if fmt == "int8" else torch.bfloat16
         big = maxsim.quantize(tokens(70, 1000, 128), fmt)

@@ -167,7 +167,9 @@ def test_quantized_queries(q_fmt, d_kind, kernel_route):
     check(*got, reference(qQ, D, q_valid, d_valid))
 
 
-@pytest.mark.parametrize("shape", [(4, 32, 8, 300, 128), (3, 130, 3, 1030, 48)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(4, 32, 8, 300, 128), (2, 32, 3, 700, 128), (3, 130, 3, 1030, 48)], ids=str
+)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_candidates_with_argmax(fmt, dtype, shape, kernel_route):
