@@ -78,7 +78,8 @@ struct FwdTC {
 // Resident blocks per SM the register budget is sized for. The 8-warp tile asks for two: one
 // block alone cannot hide the pipeline's barrier and load latency. The 32-row tile streaming
 // 8-bit codes fits five (its stages take half the shared memory): the streaming loop is
-// latency-bound, and the extra warps hide it (measured on the H100: 9-27% faster than three).
+// latency-bound, and the extra warps hide it (measured on the H100: 9-27% faster than three);
+// with 128-row tiles of codes (BN 128, twice the accumulators) its shared memory fits four.
 // The wgmma tile asks for two as well: one block per SM with two accumulator sets (tile t's max
 // overlapping tile t+1's wgmma within the block) and four stages was 11-20% slower (H100).
 template <typename DT, int kWarps, int WN, int BM, int BN>
