@@ -204,9 +204,9 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     const Tile t = p.d.offsets == nullptr && p.d.pad_len >= 512 ? Tile::kStream : Tile::kSlim;
     if (tile_smem(t, p, dtype) <= size_t(dev.max_smem)) plan.tile = t;
   }
-  // 8-bit codes of padded documents stream 128-row tiles (kStream's 8-bit shape).
+  // 8-bit codes of padded documents of 512+ tokens stream 128-row tiles (kStream's 8-bit shape).
   if (plan.tile == Tile::kSmall && dev.sm == 90 && bytes && p.dim <= 128 && p.d.offsets == nullptr &&
-      tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
+      p.d.pad_len >= 512 && tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
     plan.tile = Tile::kStream;
   const int items = std::max(1, num_items(p));
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {

@@ -767,32 +767,28 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
       if constexpr (kCodes) {
-        // A warp whose columns all lie past the document's end (the last tile of a ragged one)
-        // skips its products: valid_cols masks them all.
-        if (c_tile * BN + warp_n * Cfg::kWarpCols < c_span.cols) {
-          const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
-          // Lane (g = lane / 4, c = lane % 4) loads 8 codes of its column g: dims 8c .. 8c+7 of each
-          // 32-dim step. An mma reads B elements (k = 2c, 2c+1, 2c+8, 2c+9): codes 0,1,2,3 feed the
-          // first k16 step and 4,5,6,7 the second; q_s holds the query dims in the matching order.
-          const uint8_t* b_base = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + lane / 4) * ldd + (lane % 4) * 8;
-          // The 8-warp tile's registers have no room for a second step in flight: not unrolled.
-          constexpr int kUnroll = WM * WN == 8 ? 1 : 8;
+        const T* a_base = q_s + (warp_m * Cfg::kWarpRows + (lane % 16)) * lds + (lane / 16) * 8;
+        // Lane (g = lane / 4, c = lane % 4) loads 8 codes of its column g: dims 8c .. 8c+7 of each
+        // 32-dim step. An mma reads B elements (k = 2c, 2c+1, 2c+8, 2c+9): codes 0,1,2,3 feed the
+        // first k16 step and 4,5,6,7 the second; q_s holds the query dims in the matching order.
+        const uint8_t* b_base = d_s + stage * BN * ldd + (warp_n * Cfg::kWarpCols + lane / 4) * ldd + (lane % 4) * 8;
+        // The 8-warp tile's registers have no room for a second step in flight: not unrolled.
+        constexpr int kUnroll = WM * WN == 8 ? 1 : 8;
 #pragma unroll kUnroll
-          for (int k0 = 0; k0 < kdim; k0 += 32) {
+        for (int k0 = 0; k0 < kdim; k0 += 32) {
 #pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              uint32_t a[MT][4], w[NT];
+          for (int s = 0; s < 2; ++s) {
+            uint32_t a[MT][4], w[NT];
 #pragma unroll
-              for (int ni = 0; ni < NT; ++ni) w[ni] = *reinterpret_cast<const uint32_t*>(b_base + ni * 8 * ldd + k0 + s * 4);
+            for (int ni = 0; ni < NT; ++ni) w[ni] = *reinterpret_cast<const uint32_t*>(b_base + ni * 8 * ldd + k0 + s * 4);
 #pragma unroll
-              for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0 + s * 16);
+            for (int mi = 0; mi < MT; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * lds + k0 + s * 16);
 #pragma unroll
-              for (int ni = 0; ni < NT; ++ni) {
-                uint32_t b0, b1;
-                codes_to_pairs<DT, T>(w[ni], b0, b1);
+            for (int ni = 0; ni < NT; ++ni) {
+              uint32_t b0, b1;
+              codes_to_pairs<DT, T>(w[ni], b0, b1);
 #pragma unroll
-                for (int mi = 0; mi < MT; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
-              }
+              for (int mi = 0; mi < MT; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
             }
           }
         }
