@@ -1,14 +1,14 @@
 // Read-only streaming probes over ragged padded documents [N, Ld, 128] fp16 (lengths uniform in
 // [Ld / 2, Ld], as the benchmark's rerank rows): how close to the copy bandwidth does a one-pass
 // reader of exactly the valid rows get, by scheduling scheme (a block per document with 2-4
-// cp.async stages, forced occupancy, a query copy, per-row bulk copies, a persistent grid taking
-// documents from an atomic queue, a persistent grid with equal tile shares)? No MMA: the floor
-// under the forward's streaming tiles. Each variant is timed as a CUDA graph of 20 launches over
-// rotating copies (every call reads DRAM), median of 9 replays; "floor" is the valid bytes at
-// 3.02 TB/s (the H100's measured copy bandwidth).
+// cp.async stages, one wave of multi-document blocks, forced occupancy, a query copy, per-row bulk
+// copies, a persistent grid taking documents from an atomic queue, a persistent grid with equal tile
+// shares)? No MMA: the floor under the forward's streaming tiles. Each variant is timed as a CUDA
+// graph of 20 launches over rotating copies (every call reads DRAM), median of 9 replays; "floor" is
+// the valid bytes at 3.02 TB/s (the H100's measured copy bandwidth).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/stream_probe benchmarks/stream_probe.cu
-//   /tmp/stream_probe
+//   /tmp/stream_probe [shape name or part of one, e.g. int8]
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
