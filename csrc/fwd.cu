@@ -200,14 +200,15 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   // four stages (kStream), against the 8-warp 32 x 128 mma.sync tile they took before
   // (rerank_colpali 57.7-58.4 -> 57.2-57.4 us, 320 such documents 28.6-28.8 -> 26.9-27.1);
   // shorter ones lose by the deeper stages (fewer resident blocks: rerank 24.6 -> 27.2).
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128)) {
-    const Tile t = p.d.offsets == nullptr && p.d.pad_len >= 512 ? Tile::kStream : Tile::kSlim;
-    if (tile_smem(t, p, dtype) <= size_t(dev.max_smem)) plan.tile = t;
+  // 8-bit codes of such documents stream 128-row tiles of codes (kStream's 8-bit shape), shorter
+  // ones stay on kSmall.
+  if (plan.tile == Tile::kSmall && dev.sm == 90) {
+    const bool long_padded = p.d.offsets == nullptr && p.d.pad_len >= 512;
+    Tile t = Tile::kSmall;
+    if (p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128)) t = long_padded ? Tile::kStream : Tile::kSlim;
+    else if (bytes && p.dim <= 128 && long_padded) t = Tile::kStream;
+    if (t != Tile::kSmall && tile_smem(t, p, dtype) <= size_t(dev.max_smem)) plan.tile = t;
   }
-  // 8-bit codes of padded documents of 512+ tokens stream 128-row tiles (kStream's 8-bit shape).
-  if (plan.tile == Tile::kSmall && dev.sm == 90 && bytes && p.dim <= 128 && p.d.offsets == nullptr &&
-      p.d.pad_len >= 512 && tile_smem(Tile::kStream, p, dtype) <= size_t(dev.max_smem))
-    plan.tile = Tile::kStream;
   const int items = std::max(1, num_items(p));
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
     // Streaming short queries (memory-bound): with fewer units than two waves of resident

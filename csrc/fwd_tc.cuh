@@ -82,13 +82,13 @@ struct FwdTC {
 // with 128-row tiles of codes (BN 128, twice the accumulators) its shared memory fits four.
 // The wgmma tile asks for two as well: one block per SM with two accumulator sets (tile t's max
 // overlapping tile t+1's wgmma within the block) and four stages was 11-20% slower (H100).
-template <typename DT, int kWarps, int WN, int BM, int BN>
+template <typename DT, int kWarps, int BM, int BN>
 constexpr int kMinBlocks = kWarps == 8 ? 2 : kIsScaled<DT> && BM == 32 ? (BN == 128 ? 4 : 5) : 1;
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
           int kDim>
-__global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, WN, BM, BN>))
+__global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, BM, BN>))
 fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
   using Cfg = FwdTC<T, DT, BM, BN, WM, WN, STAGES, kArgmax>;

@@ -98,7 +98,8 @@ int main() {
   // What the H100 measurements chose (docs/ARCHITECTURE.md).
   const DeviceInfo& h100 = devices[3];
   const struct { int at; Tile tile; } want[] = {
-      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSlim}, {10, Tile::kWide}, {11, Tile::kWide}};
+      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSlim}, {8, Tile::kStream},
+      {10, Tile::kWide}, {11, Tile::kWide}};
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);
