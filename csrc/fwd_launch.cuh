@@ -23,7 +23,11 @@ namespace fwd_detail {
 //          D = 64 / 128 and enough document tiles to keep it streaming; two blocks per SM of
 //          two stages each, so that one block's max overlaps the other's wgmma. About 1.9x
 //          kLarge's speed on the H100 (kernel time, corpus and allpairs_large). 8-bit codes
-//          stage as bytes and are turned into one 16-bit operand tile per step.
+//          run it as one warpgroup per block (ShapeOf): 64 document rows x 128 query rows,
+//          transposed as kSlim, each warp's rows of codes converted into wgmma's register
+//          operand; three blocks per SM. Against a 16-bit operand tile converted into shared
+//          memory per step: kernel time, H100, ragged corpus_int8 3.02 -> 2.64 ms, corpus_fp8
+//          2.93 -> 2.50, bf16 queries 3.91 -> 3.34.
 //  kSlim   32 x 64, 4 warps: kSmall's work on Hopper's wgmma for 16-bit documents of D = 64 /
 //          128 (sm_90a builds; a 2 x 2 warp mma.sync tile elsewhere, never planned there). The
 //          product is taken transposed, document tokens x query rows (m64n32), so that the
@@ -51,10 +55,13 @@ template <Tile kTile, typename DT>
 struct ShapeOf : TileShape<kTile> {};
 template <> struct ShapeOf<Tile::kStream, Int8Codes> { static constexpr int BM = 32, BN = 128, WM = 1, WN = 4, STAGES = 2; };
 template <> struct ShapeOf<Tile::kStream, E4m3Codes> : ShapeOf<Tile::kStream, Int8Codes> {};
+template <> struct ShapeOf<Tile::kWide, Int8Codes> { static constexpr int BM = 128, BN = 64, WM = 2, WN = 2, STAGES = 3; };
+template <> struct ShapeOf<Tile::kWide, E4m3Codes> : ShapeOf<Tile::kWide, Int8Codes> {};
 
-// Which instances a document storage is built for: the transposed wgmma tiles (kSlim, kStream)
-// take 16-bit documents only (8-bit codes run kStream as an mma.sync shape, ShapeOf), and int8 x
-// int8 rows are fp16 pairs of codes (no bf16 instance).
+// Which instances a document storage is built for: the 32-row transposed wgmma tiles (kSlim,
+// kStream) take 16-bit documents only (8-bit codes run kStream as an mma.sync shape and the
+// transposed product under kWide, ShapeOf; the 32-row form lost to kSmall, 39.6 -> 46.6 us on
+// ragged rerank_heavy_int8), and int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
 template <Tile kTile, typename DT, typename T>
 constexpr bool kInstanceOf = (kTile != Tile::kSlim || std::is_same_v<DT, Plain>) &&
                              (kTile != Tile::kStream || std::is_same_v<DT, Plain> || kIsCodes<DT>) &&
@@ -62,7 +69,7 @@ constexpr bool kInstanceOf = (kTile != Tile::kSlim || std::is_same_v<DT, Plain>)
 
 // 8-bit tiles take half the shared memory: three stages for the mma.sync shapes, which leaves
 // room for more resident blocks of the streaming tile (kMinBlocks). The wgmma tile keeps its
-// 16-bit stage count, and 8-bit kStream its own (two 16 KB stages, four blocks per SM: three
+// 16-bit stage count (8-bit codes: three 8 KB stages, ShapeOf), and 8-bit kStream its own (two 16 KB stages, four blocks per SM: three
 // stages, three blocks, were 2-5% slower).
 template <Tile kTile, typename DT>
 constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide && kTile != Tile::kStream ? 3 : ShapeOf<kTile, DT>::STAGES;

@@ -19,6 +19,9 @@
 // memory descriptors. Two blocks per SM with two stages each: one block's max runs while the
 // other's wgmma does. The 32-row streaming tile of 16-bit documents (kWgSlim) runs on wgmma too,
 // transposed: S^T = D_tile * Q^T, one warpgroup of 64 document tokens x 32 query rows per tile.
+// 8-bit codes take kWide's place with the same transposed product over 128 query rows: each warp
+// converts its 16 document rows of codes straight into wgmma's register operand (A), so no 16-bit
+// copy of the tile is written to shared memory and read back.
 #pragma once
 #include "codes.cuh"
 #include "layout.cuh"
@@ -45,15 +48,13 @@ struct FwdTC {
   static constexpr int MT = kWarpRows / 16, NT = kWarpCols / 8;
   // Two warpgroups over 64 rows each and every column: on sm_90a the tile runs on wgmma, its
   // shared-memory tiles stored with the 128-byte swizzle (mma.cuh) instead of padded rows.
-  // 8-bit codes take it too: each staged tile of codes is turned into a 16-bit operand tile
-  // (kConverted) that the wgmma reads, so stages of bytes stream at half the bytes.
   static constexpr bool kWide = WM == 8 && WN == 1;
-  static constexpr bool kConverted = kWide && kCodes;
-  // The 32-row tile of a 2 x 2 warp layout (TileShape<kSlim>, <kStream>): on sm_90a one
-  // warpgroup takes the product transposed (document tokens x query rows, m64n32) from swizzled
-  // tiles, each of its four warps holding 16 document rows; the warps' maxima merge over kParts
-  // slices.
-  static constexpr bool kSlim = BM == 32 && BN == 64 && WM == 2 && WN == 2;
+  // The 2 x 2 warp layout over 64 document rows (TileShape<kSlim>, <kStream>: 32 query rows of
+  // 16-bit documents; ShapeOf<kWide, codes>: 128 query rows of 8-bit codes): on sm_90a one
+  // warpgroup takes the product transposed (document tokens x query rows, m64n32 / m64n128), each
+  // of its four warps holding 16 document rows (codes: in registers, as the A operand); the warps'
+  // maxima merge over kParts slices.
+  static constexpr bool kSlim = BN == 64 && WM == 2 && WN == 2 && BM == (kCodes ? 128 : 32);
   static constexpr int kParts = kSlim ? 4 : WN;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
@@ -61,14 +62,15 @@ struct FwdTC {
   // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
   __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || kSlim ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
-  // The converted tiles read whole rows, 16 bytes per lane: unpadded.
+  // The converted tiles read whole rows, 16 bytes per lane: unpadded. So does kSlim's register
+  // operand (Hopper), its 16-byte chunks XOR-swizzled instead (code_chunk).
   __host__ __device__ static int ldd(int dim) {
-    if constexpr (kConverted) return kdim(dim);
+    if constexpr (kCodes && kSlim) return kdim(dim);
     if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
     return ldq(dim);
   }
   static size_t smem_bytes(int dim) {
-    return size_t(BM) * ldq(dim) * sizeof(T) + (kConverted ? size_t(BN) * kdim(dim) * sizeof(T) : 0) +
+    return size_t(BM) * ldq(dim) * sizeof(T) +
            size_t(STAGES) * BN * ldd(dim) * sizeof(DElem) +
            size_t(kParts) * BM * 8 + BM * 10 + STAGES * BN * (kScaled ? 5 : 1) +
            (kWide ? 8 + STAGES * 8 : 0);  // the TMA loads' mbarriers, 8-byte aligned
@@ -82,13 +84,18 @@ struct FwdTC {
 // with 128-row tiles of codes (BN 128, twice the accumulators) its shared memory fits four.
 // The wgmma tile asks for two as well: one block per SM with two accumulator sets (tile t's max
 // overlapping tile t+1's wgmma within the block) and four stages was 11-20% slower (H100).
-template <typename DT, int kWarps, int BM, int BN>
-constexpr int kMinBlocks = kWarps == 8 ? 2 : kIsScaled<DT> && BM == 32 ? (BN == 128 ? 4 : 5) : 1;
+// The transposed 128-row tile of codes (one warpgroup, BM 128) asks for three (168 registers, a
+// few bytes spilled; two with argmax): ragged corpus_int8 with bf16 queries took 4.16 ms at two
+// resident blocks, 3.34 ms at three (H100).
+template <typename DT, int kWarps, int BM, int BN, bool kArgmax>
+constexpr int kMinBlocks = kWarps == 8 ? 2
+                           : BM == 128 ? (kArgmax ? 2 : 3)
+                           : kIsScaled<DT> && BM == 32 ? (BN == 128 ? 4 : 5) : 1;
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.
 template <typename T, typename DT, int BM, int BN, int WM, int WN, int STAGES, bool kArgmax,
           int kDim>
-__global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, BM, BN>))
+__global__ void __launch_bounds__(WM * WN * 32, (kMinBlocks<DT, WM * WN, BM, BN, kArgmax>))
 fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
   using Cfg = FwdTC<T, DT, BM, BN, WM, WN, STAGES, kArgmax>;
@@ -104,8 +111,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the wgmma swizzle atoms
   T* q_s = reinterpret_cast<T*>(smem_raw);
-  T* ops_s = q_s + BM * lds;  // kConverted: the 16-bit operand tile wgmma reads (1024-aligned)
-  DElem* d_s = reinterpret_cast<DElem*>(ops_s + (Cfg::kConverted ? BN * kdim : 0));
+  DElem* d_s = reinterpret_cast<DElem*>(q_s + BM * lds);
   float* red_v = reinterpret_cast<float*>(d_s + STAGES * BN * ldd);
   int* red_i = reinterpret_cast<int*>(red_v + Cfg::kParts * BM);
   float* row_val = reinterpret_cast<float*>(red_i + Cfg::kParts * BM);
@@ -118,7 +124,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / WN, warp_n = warp % WN;
-  const bool d_tma = p.d_tma && !Cfg::kConverted;  // TMA boxes: 16-bit rows only
+  const bool d_tma = p.d_tma;  // TMA boxes of 16-bit rows (kWide)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kWgSlim = Cfg::kSlim;
   constexpr bool kWg = Cfg::kWide || kWgSlim;  // swizzled tiles read by wgmma
@@ -128,6 +134,10 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows (kWg): K-major in
   // 64-dim atoms, each row's eight 16-byte chunks XOR-swizzled by row % 8 (the 128-byte swizzle).
   auto swz = [](int r, int c, int rows) { return (c / 8) * rows * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8; };
+  // Tiles of codes read by kWgSlim's register operand: chunk c of an odd row of 128 codes sits at
+  // c ^ 4, so that one 16-byte load of eight lanes (chunks 0..3 or 4..7 of two rows) hits every
+  // bank once.
+  auto code_chunk = [&](int r, int c) { return kWgSlim && kCodes && d_chunks == 8 ? c ^ ((r & 1) * 4) : c; };
 
   // ---- what this block owns
   const int qtile = blockIdx.x % grid.q_tiles;
@@ -197,7 +207,9 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       return;
     }
     if (!copies) return;
+    // A thread's rows (r0 + i * row_step, row_step even) share one swizzled chunk.
     DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
+    if constexpr (kWgSlim && kCodes) dst = d_s + stage * BN * ldd + code_chunk(tid / chunks_p2, my_chunk) * Cfg::kChunkElems;
     const DElem* src0 = dg + row_elem(p.d, doc, first_row, 0) + my_chunk * Cfg::kChunkElems;
     // Chunks past `dim` are zero-filled, since the query's zero dims would turn stale Inf or
     // NaN into NaN inside a valid dot product.
@@ -260,7 +272,18 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         }
       }
       const uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-      if constexpr (kWg) {
+      if constexpr (kWgSlim && kCodes) {
+        // kWgSlim's register operand: a lane converts 4 codes (dims 4i .. 4i+3) per k16 step into
+        // its k pairs (2c, 2c+1) and (2c+8, 2c+9), c = lane % 4, taking codes 16c .. 16c+15 of
+        // each 64-dim group over four steps; the query columns are stored in that order.
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int d0 = k * 8 + m * 2;  // dims d0, d0 + 1 -> logical column kk, kk + 1
+          const int kk = 16 * (4 * (d0 / 64) + (d0 % 16) / 4) + 8 * ((d0 % 4) / 2) + 2 * ((d0 % 64) / 16);
+          *reinterpret_cast<uint32_t*>(q_s + swz(r, kk / 8, BM) + kk % 8) = w[m];
+        }
+      } else if constexpr (kWg) {
         *reinterpret_cast<uint4*>(q_s + swz(r, k, BM)) = v;
       } else if constexpr (kCodes) {
         // A lane's code operands hold dims 0..3 of its 8-dim group in one k16 step and 4..7 in
@@ -348,7 +371,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 
   // ---- consumer state: per row tile and column parity (kWgSlim: per query column block j of
   // the transposed product and parity h, over this thread's document rows)
-  constexpr int kBestRows = kWgSlim ? 4 : MT;
+  constexpr int kBestRows = kWgSlim ? BM / 8 : MT;
   float best_v[kBestRows][2];
   int best_i[kBestRows][2];
   auto reset = [&]() {
@@ -504,7 +527,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       // Query row 8j + 2 (lane % 4) + h: the eight lanes of equal lane % 4 hold the warp's 16
       // document rows of every tile; lanes 0..3 publish the warp's best.
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float v = best_v[j][h];
@@ -605,12 +628,52 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     const uint64_t q_desc = smem_desc_sw128(q_s);
     const uint64_t d_desc = smem_desc_sw128(reinterpret_cast<const T*>(d_s));
     const int my_row = warp * 16 + lane / 4;
+    // 8-bit codes: the warp's 16 document rows of stage `stage` (G 64-dim groups) as the register
+    // operand, converted right before the product: per group each lane loads 16 codes of rows
+    // my_row and my_row + 8 and turns them into four k steps' fragments.
+    auto codes_product = [&](float (&d)[BM / 2], auto groups, auto&& in_shadow) {
+      constexpr int G = decltype(groups)::value;
+      // fp16: group g + 1 is converted while group g's products run. bf16's longer conversion
+      // needs the registers (one resident block fewer): all groups first.
+      constexpr bool kOverlap = !kBf16;
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(d_s) + stage * BN * ldd + my_row * ldd;
+      uint32_t a[4 * G][4];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const int off = code_chunk(my_row, 4 * g + lane % 4) * 16;  // rows my_row, my_row + 8 alike
+        const uint4 r0 = *reinterpret_cast<const uint4*>(row + off);
+        const uint4 r1 = *reinterpret_cast<const uint4*>(row + 8 * ldd + off);
+        const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          codes_to_pairs<DT, T>(w0[j], a[4 * g + j][0], a[4 * g + j][2]);
+          codes_to_pairs<DT, T>(w1[j], a[4 * g + j][1], a[4 * g + j][3]);
+        }
+        if (kOverlap || g == G - 1) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = kOverlap ? 4 * g : 0; k < 4 * g + 4; ++k)
+            wgmma_m64n128k16_rs<kBf16>(d, a[k], q_desc + k_off(k, BM), k > 0);
+        }
+      }
+      wgmma_commit();
+      in_shadow();  // work that does not touch the operands, while the products run
+      wgmma_wait<0>();
+#pragma unroll
+      for (int k = 0; k < 4 * G; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_keep(a[k][i]);
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
+    };
     while (c_item < item_end) {
       stage_mask();
       cp_async_wait<STAGES - 2>();
-      fence_proxy_async();  // this thread's copies, then wgmma's reads
+      if constexpr (!kCodes) fence_proxy_async();  // this thread's copies, then wgmma's reads
       __syncthreads();
-      issue((stage + STAGES - 1) % STAGES, false);
+      // The next stage's copies: 8-bit codes issue them while this tile's products run.
+      auto refill = [&]() { issue((stage + STAGES - 1) % STAGES, false); };
+      if constexpr (!kCodes) refill();
       if (pm.layout == kPairs && c_tile == 0) {
         const int qi = pm.pair_q[c_item];
         if (qi != loaded_q) {  // every warp passed its last wgmma's wait before the barrier above
@@ -621,34 +684,60 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
           __syncthreads();
         }
       }
-      float d[16];
-      const uint64_t d_stage = d_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kdim / 16; ++k)
-        wgmma_m64n32k16<kBf16>(d, d_stage + k_off(k, BN), q_desc + k_off(k, BM), k > 0);
-      wgmma_commit();
+      float d[BM / 2];
       const int col = c_tile * BN + my_row;  // document token of d[4j + h]; d[4j + 2 + h]: col + 8
-      const bool ok0 = col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + my_row]);
-      const bool ok1 = col + 8 < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + my_row + 8]);
-      wgmma_wait<0>();
+      bool ok0, ok1;
+      auto rows_ok = [&]() {
+        ok0 = col < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + my_row]);
+        ok1 = col + 8 < c_span.cols && (p.d.mask == nullptr || mask_s[stage * BN + my_row + 8]);
+      };
+      if constexpr (kCodes) {
+        rows_ok();
+        const float s0 = scale_s[stage * BN + my_row], s1 = scale_s[stage * BN + my_row + 8];
+        if constexpr (kDim > 0) codes_product(d, std::integral_constant<int, kDim / 64>{}, refill);
+        else if (kdim == 128) codes_product(d, std::integral_constant<int, 2>{}, refill);
+        else codes_product(d, std::integral_constant<int, 1>{}, refill);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float v0 = ok0 ? d[4 * j + h] : -INFINITY, v1 = ok1 ? d[4 * j + 2 + h] : -INFINITY;
-          if constexpr (kArgmax) {
-            // The lower row wins ties; the first NaN wins (as tile_max).
-            const bool second = v1 > v0 || (v1 != v1 && v0 == v0);
-            const float t = second ? v1 : v0, b = best_v[j][h];
-            if (t > b || (t != t && b == b)) {
-              best_v[j][h] = t;
-              best_i[j][h] = second ? col + 8 : col;
-            }
-          } else {
-            best_v[j][h] = max_nan(best_v[j][h], max_nan(v0, v1));
+          for (int h = 0; h < 2; ++h) {
+            d[4 * j + h] *= s0;
+            d[4 * j + 2 + h] *= s1;
           }
-        }
+      } else {
+        const uint64_t d_stage = d_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kdim / 16; ++k)
+          wgmma_m64n32k16<kBf16>(d, d_stage + k_off(k, BN), q_desc + k_off(k, BM), k > 0);
+        wgmma_commit();
+        rows_ok();
+        wgmma_wait<0>();
+      }
+      if (kCodes && !kArgmax && ok0 && ok1) {  // both rows valid: no selects (compute-bound)
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) best_v[j][h] = max_nan(best_v[j][h], max_nan(d[4 * j + h], d[4 * j + 2 + h]));
+      } else {
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float v0 = ok0 ? d[4 * j + h] : -INFINITY, v1 = ok1 ? d[4 * j + 2 + h] : -INFINITY;
+            if constexpr (kArgmax) {
+              // The lower row wins ties; the first NaN wins (as tile_max).
+              const bool second = v1 > v0 || (v1 != v1 && v0 == v0);
+              const float t = second ? v1 : v0, b = best_v[j][h];
+              if (t > b || (t != t && b == b)) {
+                best_v[j][h] = t;
+                best_i[j][h] = second ? col + 8 : col;
+              }
+            } else {
+              best_v[j][h] = max_nan(best_v[j][h], max_nan(v0, v1));
+            }
+          }
+      }
       if (++c_tile == c_span.tiles) {
         end_doc(c_item);
         if (++c_item < item_end) c_span = span_of(segment_of(p.d, item_doc(c_item)));
@@ -663,30 +752,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     float acc[MT][NT][4];
     // Descriptors of this warpgroup's 64 query rows and of stage 0, first k step (k_off above).
     const uint64_t a_desc = smem_desc_sw128(q_s + (warp / 4) * 64 * 64);
-    const uint64_t b_desc = smem_desc_sw128(Cfg::kConverted ? ops_s : reinterpret_cast<const T*>(d_s));
-    // kConverted: stage s's codes -> the operand tile, swizzled as wgmma reads it. A lane turns
-    // one 16-byte chunk of codes (dims 16k .. 16k+15 of row r) into operand chunks 2k and 2k+1;
-    // lanes of the second 64-dim atom store the odd chunk first, so that each store of eight
-    // lanes fills distinct banks.
-    auto convert_tile = [&](int s) {
-      if constexpr (Cfg::kConverted) {
-        const int cpr = kdim / 16;
-        const uint8_t* codes = reinterpret_cast<const uint8_t*>(d_s) + s * BN * ldd;
-#pragma unroll
-        for (int c = tid; c < BN * cpr; c += Cfg::kThreads) {
-          const int r = c / cpr, k = c % cpr;
-          const uint4 w = *reinterpret_cast<const uint4*>(codes + r * ldd + k * 16);
-          uint4 lo, hi;
-          codes_to_pairs<DT, T>(w.x, lo.x, lo.y);
-          codes_to_pairs<DT, T>(w.y, lo.z, lo.w);
-          codes_to_pairs<DT, T>(w.z, hi.x, hi.y);
-          codes_to_pairs<DT, T>(w.w, hi.z, hi.w);
-          const bool odd_first = (k / 4) % 2;
-          *reinterpret_cast<uint4*>(ops_s + swz(r, 2 * k + odd_first, BN)) = odd_first ? hi : lo;
-          *reinterpret_cast<uint4*>(ops_s + swz(r, 2 * k + !odd_first, BN)) = odd_first ? lo : hi;
-        }
-      }
-    };
+    const uint64_t b_desc = smem_desc_sw128(reinterpret_cast<const T*>(d_s));
     int steps = 0;  // tiles consumed: stage `stage` holds its (steps / STAGES)-th load
     while (c_item < item_end) {
       stage_mask();
@@ -694,19 +760,12 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
         mbar_wait(full + stage, (steps / STAGES) & 1);
       } else {
         cp_async_wait<STAGES - 2>();
-        if constexpr (!kCodes) fence_proxy_async();  // this thread's copies, then wgmma's reads
+        fence_proxy_async();  // this thread's copies, then wgmma's reads
         __syncthreads();
         issue((stage + STAGES - 1) % STAGES, false);
       }
-      if constexpr (Cfg::kConverted) {
-        // Every warp passed its previous wgmma's wait before the barrier above: the operand
-        // tile is free to overwrite.
-        convert_tile(stage);
-        fence_proxy_async();  // the operand tile's stores, then wgmma's reads
-        __syncthreads();
-      }
       ++steps;
-      const uint64_t b_stage = b_desc + (Cfg::kConverted ? 0 : uint64_t(stage) * (BN * ldd * sizeof(T) / 16));
+      const uint64_t b_stage = b_desc + uint64_t(stage) * (BN * ldd * sizeof(T) / 16);
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
 #pragma unroll

@@ -125,21 +125,20 @@ __device__ __forceinline__ void fence_proxy_async() {
 // row (warp % 4) * 16 + lane / 4 + 8 * (e / 2), column 8j + (lane % 4) * 2 + e % 2 of the
 // warpgroup's tile, the m16n8 layout repeated over 16 column blocks. A and B are read from shared
 // memory through their descriptors.
+// One m64n128k16 wgmma of element type TYPE into d: OPERANDS names A (a descriptor or four
+// registers), B and the immediates after the accumulators, PRED the operand of `accumulate`.
+#define MAXSIM_F(x) "+f"(x)
+#define MAXSIM_WG128(TYPE, OPERANDS, PRED, ...)                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_REGS    \
+               OPERANDS ";\n}\n"                                                                  \
+               : MAXSIM_WG_OUT(MAXSIM_F)                                                           \
+               : __VA_ARGS__)
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MAXSIM_F(x) "+f"(x)
-#define MAXSIM_WG_ASM(TYPE)                                                                        \
-  asm volatile(                                                                                    \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_REGS             \
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
-      : MAXSIM_WG_OUT(MAXSIM_F)                                                                    \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
-  if constexpr (kBf16) MAXSIM_WG_ASM("bf16");
-  else MAXSIM_WG_ASM("f16");
-#undef MAXSIM_WG_ASM
-#undef MAXSIM_F
+  if constexpr (kBf16) MAXSIM_WG128("bf16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
+  else MAXSIM_WG128("f16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
 #endif
 }
 // D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T: the same layout over 4 column blocks (d[4j + e]).
@@ -160,6 +159,27 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint
   else MAXSIM_WG_ASM("f16");
 #undef MAXSIM_WG_ASM
 #endif
+}
+// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T with A from registers: a[4] is each warp's
+// m16n8k16 A fragment of its 16 rows (rows lane / 4 and + 8; k pairs 2 (lane % 4) and + 8), B
+// from shared memory. A's registers stay read until the wgmma's wait (wgmma_keep).
+template <bool kBf16>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MAXSIM_A "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+  if constexpr (kBf16) MAXSIM_WG128("bf16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
+  else MAXSIM_WG128("f16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
+#undef MAXSIM_A
+#endif
+}
+#undef MAXSIM_WG128
+#undef MAXSIM_F
+// Keeps a register the compiler sees as free (a wgmma's A operand, its accumulators) untouched up
+// to this point: placed after the wgmma's wait.
+template <typename R>
+__device__ __forceinline__ void wgmma_keep(R& r) {
+  static_assert(sizeof(R) == 4, "32-bit registers");
+  asm volatile("" : "+r"(*reinterpret_cast<uint32_t*>(&r))::"memory");
 }
 // The same tile on int8 codes: D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T, int32 accumulators in
 // the same places. A k32 step of codes spans the 32 bytes of an fp16 k16 step, so the descriptors

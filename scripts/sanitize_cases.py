@@ -6,7 +6,7 @@
 Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
 with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel (documents
 given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
-quantized queries, the wgmma tile's converted stages), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
+quantized queries, the wgmma tile's codes in registers), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
 backward, and on its own)."""
 
 import os
@@ -63,10 +63,13 @@ def main():
         cand = maxsim.QuantizedTokens(long.codes.view(2, 3, 600, 128), long.scale.view(2, 3, 600))
         long_len = torch.tensor([[600, 1, 300], [0, 599, 513]], device="cuda", dtype=torch.int32)
         maxsim.maxsim_with_argmax(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)
-        # the wgmma tile's size: codes converted into 16-bit operand stages on Hopper
+        # the wgmma tile's size: codes turned into its register operand on Hopper (with and
+        # without argmax: different register budgets)
         dtype = torch.float16 if fmt == "int8" else torch.bfloat16
         big = maxsim.quantize(tokens(70, 1000, 128), fmt)
         maxsim.maxsim_with_argmax(tokens(32, 32, 128, dtype=dtype), big, d_mask=d_mask)
+        big_len = torch.randint(0, 1001, (70,), device="cuda", dtype=torch.int32)
+        maxsim.maxsim(tokens(32, 32, 128, dtype=dtype), big, d_lengths=big_len)
     # backward: padded documents (sorted dD), packed documents (row-block dD), the loss
     Q = tokens(4, 12, 64).requires_grad_()
     D = tokens(6, 40, 64).requires_grad_()
