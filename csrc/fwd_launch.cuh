@@ -69,8 +69,8 @@ constexpr bool kInstanceOf = (kTile != Tile::kSlim || std::is_same_v<DT, Plain>)
 
 // 8-bit tiles take half the shared memory: three stages for the mma.sync shapes, which leaves
 // room for more resident blocks of the streaming tile (kMinBlocks). The wgmma tile keeps its
-// 16-bit stage count (8-bit codes: three 8 KB stages, ShapeOf), and 8-bit kStream its own (two 16 KB stages, four blocks per SM: three
-// stages, three blocks, were 2-5% slower).
+// 16-bit stage count (8-bit codes: three 8 KB stages, ShapeOf), and 8-bit kStream its own (two
+// 16 KB stages, four blocks per SM: three stages, three blocks, were 2-5% slower).
 template <Tile kTile, typename DT>
 constexpr int kStages = kIsScaled<DT> && kTile != Tile::kWide && kTile != Tile::kStream ? 3 : ShapeOf<kTile, DT>::STAGES;
 

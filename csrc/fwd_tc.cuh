@@ -62,8 +62,8 @@ struct FwdTC {
   // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
   __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kWide || kSlim ? 0 : 8); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
-  // The converted tiles read whole rows, 16 bytes per lane: unpadded. So does kSlim's register
-  // operand (Hopper), its 16-byte chunks XOR-swizzled instead (code_chunk).
+  // kSlim's register operand (Hopper) loads 16 bytes per lane: unpadded rows whose 16-byte chunks
+  // are XOR-swizzled instead (code_chunk).
   __host__ __device__ static int ldd(int dim) {
     if constexpr (kCodes && kSlim) return kdim(dim);
     if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
@@ -207,7 +207,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       return;
     }
     if (!copies) return;
-    // A thread's rows (r0 + i * row_step, row_step even) share one swizzled chunk.
+    // A thread's rows (r0 + i * row_step, row_step even) share one swizzled chunk (only tiles of
+    // codes read as kWgSlim's register operand are swizzled; the others keep their code as is).
     DElem* dst = d_s + stage * BN * ldd + my_chunk * Cfg::kChunkElems;
     if constexpr (kWgSlim && kCodes) dst = d_s + stage * BN * ldd + code_chunk(tid / chunks_p2, my_chunk) * Cfg::kChunkElems;
     const DElem* src0 = dg + row_elem(p.d, doc, first_row, 0) + my_chunk * Cfg::kChunkElems;
@@ -669,7 +670,8 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     while (c_item < item_end) {
       stage_mask();
       cp_async_wait<STAGES - 2>();
-      if constexpr (!kCodes) fence_proxy_async();  // this thread's copies, then wgmma's reads
+      // This thread's copies, then wgmma's reads (codes are read by the threads themselves).
+      if constexpr (!kCodes) fence_proxy_async();
       __syncthreads();
       // The next stage's copies: 8-bit codes issue them while this tile's products run.
       auto refill = [&]() { issue((stage + STAGES - 1) % STAGES, false); };

@@ -121,10 +121,6 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define MAXSIM_WG_OUT(C)                                                                       \
   MAXSIM_WG_D8(C, 0), MAXSIM_WG_D8(C, 8), MAXSIM_WG_D8(C, 16), MAXSIM_WG_D8(C, 24),            \
   MAXSIM_WG_D8(C, 32), MAXSIM_WG_D8(C, 40), MAXSIM_WG_D8(C, 48), MAXSIM_WG_D8(C, 56)
-// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, fp32 accumulators: thread's d[4j + e] holds
-// row (warp % 4) * 16 + lane / 4 + 8 * (e / 2), column 8j + (lane % 4) * 2 + e % 2 of the
-// warpgroup's tile, the m16n8 layout repeated over 16 column blocks. A and B are read from shared
-// memory through their descriptors.
 // One m64n128k16 wgmma of element type TYPE into d: OPERANDS names A (a descriptor or four
 // registers), B and the immediates after the accumulators, PRED the operand of `accumulate`.
 #define MAXSIM_F(x) "+f"(x)
@@ -134,6 +130,10 @@ __device__ __forceinline__ void fence_proxy_async() {
                OPERANDS ";\n}\n"                                                                  \
                : MAXSIM_WG_OUT(MAXSIM_F)                                                           \
                : __VA_ARGS__)
+// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, fp32 accumulators: thread's d[4j + e] holds
+// row (warp % 4) * 16 + lane / 4 + 8 * (e / 2), column 8j + (lane % 4) * 2 + e % 2 of the
+// warpgroup's tile, the m16n8 layout repeated over 16 column blocks. A and B are read from shared
+// memory through their descriptors.
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
