@@ -89,7 +89,7 @@ struct FwdTC {
 // resident blocks, 3.34 ms at three (H100).
 template <typename DT, int kWarps, int BM, int BN, bool kArgmax>
 constexpr int kMinBlocks = kWarps == 8 ? 2
-                           : BM == 128 ? (kArgmax ? 2 : 3)
+                           : kIsCodes<DT> && BM == 128 ? (kArgmax ? 2 : 3)
                            : kIsScaled<DT> && BM == 32 ? (BN == 128 ? 4 : 5) : 1;
 
 // kDim > 0 fixes the embedding dim at compile time (fully unrolled k loop); 0 reads it from p.

@@ -58,6 +58,7 @@ def main():
             maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # few long documents
         both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
         maxsim.maxsim(*both)
+        dtype = torch.float16 if fmt == "int8" else torch.bfloat16  # both query types over the formats
         # candidates of 512+ tokens: 128-row tiles of codes on Hopper (D 128, lengths, argmax)
         long = maxsim.quantize(tokens(6, 600, 128), fmt)
         cand = maxsim.QuantizedTokens(long.codes.view(2, 3, 600, 128), long.scale.view(2, 3, 600))
@@ -65,7 +66,6 @@ def main():
         maxsim.maxsim_with_argmax(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)
         # the wgmma tile's size: codes turned into its register operand on Hopper (with and
         # without argmax: different register budgets)
-        dtype = torch.float16 if fmt == "int8" else torch.bfloat16
         big = maxsim.quantize(tokens(70, 1000, 128), fmt)
         maxsim.maxsim_with_argmax(tokens(32, 32, 128, dtype=dtype), big, d_mask=d_mask)
         big_len = torch.randint(0, 1001, (70,), device="cuda", dtype=torch.int32)
