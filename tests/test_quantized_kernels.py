@@ -218,6 +218,48 @@ def test_many_candidates_of_skewed_lengths(fmt, queries, layout, kernel_route):
         check(got, None, want)
 
 
+@pytest.mark.parametrize("masks", [False, True], ids=["lengths", "lengths+mask"])
+@pytest.mark.parametrize("ld", [200, 600], ids=lambda n: f"ld{n}")
+@pytest.mark.parametrize("queries", ["float16", "int8"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ragged_candidates_sharing_blocks(fmt, queries, ld, masks, kernel_route):
+    """More candidates than streaming blocks, of every length from empty to full (multiples of
+    the tile and one row either side among them): each block streams several documents of
+    different lengths back to back (64- and 128-row tiles of codes). Scores and argmax against
+    float64, query by query."""
+    nq, lq, k, h = 4, 32, 400, 128
+    Q, q_len, q_mask, q_valid = padded(nq, lq, h)
+    d_len = torch.randint(0, ld + 1, (nq * k,), device=DEVICE)
+    edges = torch.tensor([0, 1, 63, 64, 65, 127, 128, 129], device=DEVICE).clamp(max=ld)
+    every7 = torch.arange(0, nq * k, 7, device=DEVICE)
+    d_len[every7] = edges[torch.arange(every7.numel(), device=DEVICE) % edges.numel()]
+    d_valid = prefix(d_len, ld)
+    d_mask = None
+    if masks:
+        d_mask = random_mask((nq * k, ld), device=DEVICE, keep=0.9)
+        d_valid = d_valid & d_mask
+    D = fill_invalid(tokens(nq * k, ld, h).to(DEVICE), d_valid)
+    qQ = maxsim.quantize(Q, "int8") if queries == "int8" else Q.half()
+    qD = maxsim.quantize(D, fmt)
+    cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
+    got = maxsim.maxsim_with_argmax(
+        qQ, cand, q_mask, None if d_mask is None else d_mask.view(nq, k, ld),
+        q_lengths=q_len, d_lengths=d_len.view(nq, k),
+    )
+
+    def rows(x, a, b):
+        if isinstance(x, QuantizedTokens):
+            return QuantizedTokens(x.codes[a:b], x.scale[a:b])
+        return x[a:b]
+
+    parts = [
+        reference(rows(qQ, i, i + 1), rows(qD, i * k, i * k + k), q_valid[i : i + 1],
+                  d_valid[i * k : i * k + k])
+        for i in range(nq)
+    ]
+    check(*got, tuple(torch.cat(p) for p in zip(*parts)))
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_pairs(fmt, dtype, kernel_route):
