@@ -246,15 +246,9 @@ def test_ragged_candidates_sharing_blocks(fmt, queries, ld, masks, kernel_route)
         qQ, cand, q_mask, None if d_mask is None else d_mask.view(nq, k, ld),
         q_lengths=q_len, d_lengths=d_len.view(nq, k),
     )
-
-    def rows(x, a, b):
-        if isinstance(x, QuantizedTokens):
-            return QuantizedTokens(x.codes[a:b], x.scale[a:b])
-        return x[a:b]
-
     parts = [
-        reference(rows(qQ, i, i + 1), rows(qD, i * k, i * k + k), q_valid[i : i + 1],
-                  d_valid[i * k : i * k + k])
+        reference(qQ[i : i + 1], qD[i * k : (i + 1) * k], q_valid[i : i + 1],
+                  d_valid[i * k : (i + 1) * k])
         for i in range(nq)
     ]
     check(*got, tuple(torch.cat(p) for p in zip(*parts)))
