@@ -93,4 +93,15 @@ __device__ __forceinline__ void codes_to_pairs(uint32_t w, uint32_t& lo, uint32_
   }
 }
 
+// The mma.sync tiles of codes feed a lane's 8 codes of a 32-dim step as dims 0..3 of its 8-dim
+// group in one k16 step and 4..7 in the next; the query's rows are stored in that order, so that
+// ldmatrix pairs each query dim with its code. Stores chunk k (dims 8k .. 8k+7) of a row.
+template <typename T>
+__device__ __forceinline__ void store_query_chunk_for_codes(T* row, int k, const uint4& v) {
+  const int base = (k / 4) * 32 + (k % 4) * 2;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) *reinterpret_cast<uint32_t*>(row + base + (j / 2) * 16 + (j % 2) * 8) = w[j];
+}
+
 }  // namespace maxsim

@@ -94,6 +94,7 @@ struct TileDims {
 };
 TileDims tile_dims(Tile t) {
   TileDims d;
+  if (t == Tile::kWarp) return {32, 32};
   with_tile(t, [&](auto tag) {
     d = {TileShape<decltype(tag)::value>::BM, TileShape<decltype(tag)::value>::BN};
   });
@@ -210,6 +211,20 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     if (t != Tile::kSmall && tile_smem(t, p, dtype) <= size_t(dev.max_smem)) plan.tile = t;
   }
   const int items = std::max(1, num_items(p));
+  // 8-bit codes of ColBERT / ColPali dims against one short query on Hopper, scores only:
+  // warps of their own over 32-token tiles (kWarp), in one wave of blocks of up to 32 documents
+  // (its document table is a lane per document). Queries by pairs, and argmax, keep the tiles.
+  if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && bytes && dev.sm == 90 && p.dim == 128 &&
+      lq <= 32 && p.pairs.layout != kPairs && p.argmax == nullptr &&
+      tile_smem(Tile::kWarp, p, dtype) <= size_t(dev.max_smem)) {
+    plan.tile = Tile::kWarp;
+    const int64_t slots = int64_t(dev.num_sms) * resident(Tile::kWarp, p, dtype);
+    const int64_t units = int64_t(plan.grid.q_tiles) * items;
+    plan.grid.docs_per_block = static_cast<int>(std::min<int64_t>(32, (units + slots - 1) / slots));
+    const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
+    plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);
+    return plan;
+  }
   if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
     // Streaming short queries (memory-bound): with fewer units than two waves of resident
     // blocks, one wave of blocks of ceil(units / slots) documents each (a block's pipeline runs

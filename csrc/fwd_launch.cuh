@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 #include "fwd_tc.cuh"
+#include "fwd_warp.cuh"
 #include "launch.h"
 
 namespace maxsim {
@@ -39,6 +40,16 @@ namespace fwd_detail {
 //          many bytes as a 16-bit one, so the per-tile cost (barrier, copies, bookkeeping) is
 //          paid per 16 KB (kernel time, H100, ragged: rerank_colpali_int8 41.1 -> 37.9 us, fp8
 //          40.1 -> 35.8); on shorter documents the wider tile lost (rerank_heavy_int8 39.4 -> 42.0).
+//  kWarp   8-bit codes (D = 128) against one short query on Hopper, fwd_warp.cuh: 8 warps
+//          sharing the query, each streaming its own run of 32-token tiles of the block's
+//          documents (two private 4 KB stages, two blocks per SM), no block barrier per tile.
+//          Against kSmall / kStream's 8-bit shapes (kernel time, H100, ragged, us):
+//          rerank_heavy_int8 40.2 -> 34.4, rerank_heavy_fp8 39.1 -> 33.8, rerank_colpali_int8
+//          38.5 -> 36.5, rerank_colpali_fp8 36.8 -> 34.8, masked rerank_heavy_int8 50.6 -> 38.3.
+//          Four warps per block (four blocks per SM) were up to 3% faster on ColPali documents
+//          and 2-3% slower on shorter ones; three stages, or clusters of blocks sharing their
+//          documents' tiles through distributed shared memory, were slower.
+constexpr int kWarpStreamWarps = 8, kWarpStreamStages = 2;
 
 template <Tile> struct TileShape;
 template <> struct TileShape<Tile::kSmall> { static constexpr int BM = 32, BN = 64, WM = 1, WN = 4, STAGES = 2; };
@@ -162,6 +173,13 @@ void with_instance(Tile tile, DType dtype, F&& f) {
 template <typename DT>
 int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
   int blocks = 1;
+  if (tile == Tile::kWarp) {
+    if constexpr (kIsCodes<DT>)
+      with_type(dtype, [&](auto type_tag) {
+        blocks = warp_stream_resident<decltype(type_tag), DT, kWarpStreamWarps, kWarpStreamStages>();
+      });
+    return blocks;
+  }
   with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
     using T = decltype(type_tag);
     constexpr Tile kTile = decltype(tile_tag)::value;
@@ -179,6 +197,7 @@ int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
 template <typename DT>
 size_t storage_smem(Tile tile, const FwdParams& p, DType dtype) {
   size_t bytes = 0;
+  if (tile == Tile::kWarp) return kIsCodes<DT> ? WarpStream<kWarpStreamWarps, kWarpStreamStages>::kBytes : 0;
   with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
     bytes = TileCfg<decltype(type_tag), DT, decltype(tile_tag)::value>::smem_bytes(p.dim);
   });
@@ -187,6 +206,13 @@ size_t storage_smem(Tile tile, const FwdParams& p, DType dtype) {
 
 template <typename DT>
 void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStream_t stream) {
+  if (plan.tile == Tile::kWarp) {
+    if constexpr (kIsCodes<DT>)
+      with_type(dtype, [&](auto type_tag) {
+        warp_stream_launch<decltype(type_tag), DT, kWarpStreamWarps, kWarpStreamStages>(p, plan.blocks, plan.grid, stream);
+      });
+    return;
+  }
   with_instance<DT>(plan.tile, dtype, [&](auto type_tag, auto tile_tag) {
     using T = decltype(type_tag);
     constexpr Tile kTile = decltype(tile_tag)::value;

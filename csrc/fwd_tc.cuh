@@ -287,14 +287,7 @@ fwd_tc_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       } else if constexpr (kWg) {
         *reinterpret_cast<uint4*>(q_s + swz(r, k, BM)) = v;
       } else if constexpr (kCodes) {
-        // A lane's code operands hold dims 0..3 of its 8-dim group in one k16 step and 4..7 in
-        // the next (see the mma loop); the query columns are stored in that order, so ldmatrix
-        // pairs each with its code.
-        const int base = (k / 4) * 32 + (k % 4) * 2;
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<uint32_t*>(q_s + r * lds + base + (j / 2) * 16 + (j % 2) * 8) = w[j];
+        store_query_chunk_for_codes(q_s + r * lds, k, v);  // the order of the mma loop's codes
       } else {
         *reinterpret_cast<uint4*>(q_s + r * lds + k * 8) = v;
       }

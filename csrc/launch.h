@@ -7,7 +7,7 @@
 namespace maxsim {
 
 // Forward tile shapes; fwd_launch.cuh says why each exists. kSimt: the CUDA-core kernel.
-enum class Tile { kSimt, kSmall, kMedium, kLarge, kWide, kStream, kSlim };
+enum class Tile { kSimt, kSmall, kMedium, kLarge, kWide, kStream, kSlim, kWarp };
 
 // What the forward runs for one call, planned once (with p.argmax already set, as the resident
 // block count depends on it) and then launched.

@@ -21,6 +21,7 @@ const char* tile_name(Tile t) {
     case Tile::kWide: return "wide";
     case Tile::kStream: return "stream";
     case Tile::kSlim: return "slim";
+    case Tile::kWarp: return "warp";
   }
   return "?";
 }
@@ -71,6 +72,8 @@ int main() {
       {"int8_dim256", kGrouped, 8, 48, 800, 1024, 256, Codes::kInt8},
       {"int8_corpus", kAllPairs, 16, 32, 10000, 1024, 128, Codes::kInt8},
       {"fp8_corpus", kAllPairs, 16, 32, 10000, 1024, 128, Codes::kE4m3},
+      {"int8_heavy", kGrouped, 32, 32, 3200, 256, 128, Codes::kInt8},
+      {"int8_dim64", kGrouped, 8, 32, 800, 1024, 64, Codes::kInt8},
   };
   // Opt-in shared memory per block: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90 227 KB.
   const DeviceInfo devices[] = {{80, 108, 166912}, {86, 84, 101376}, {89, 128, 101376}, {90, 132, 232448}};
@@ -89,7 +92,7 @@ int main() {
         expect(smem <= size_t(dev.max_smem), "tile exceeds the shared memory per block", dev, c, plan.tile);
         expect(plan.tile == Tile::kSimt || plan.blocks > 0, "no blocks", dev, c, plan.tile);
         expect(c.codes == Codes::kNone || plan.tile != Tile::kSimt, "8-bit documents without a tile", dev, c, plan.tile);
-        if (dev.sm != 90) expect(plan.tile != Tile::kWide && plan.tile != Tile::kStream && plan.tile != Tile::kSlim, "Hopper-only tile", dev, c, plan.tile);
+        if (dev.sm != 90) expect(plan.tile != Tile::kWide && plan.tile != Tile::kStream && plan.tile != Tile::kSlim && plan.tile != Tile::kWarp, "Hopper-only tile", dev, c, plan.tile);
         if (dt == DType::kF16)
           std::printf("sm_%d %-15s -> %-6s %6zu B smem, %d blocks\n", dev.sm, c.name, tile_name(plan.tile), smem, plan.blocks);
       }
@@ -98,8 +101,8 @@ int main() {
   // What the H100 measurements chose (docs/ARCHITECTURE.md).
   const DeviceInfo& h100 = devices[3];
   const struct { int at; Tile tile; } want[] = {
-      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSlim}, {8, Tile::kStream},
-      {10, Tile::kWide}, {11, Tile::kWide}};
+      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSlim}, {8, Tile::kWarp},
+      {10, Tile::kWide}, {11, Tile::kWide}, {12, Tile::kWarp}, {13, Tile::kStream}};
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);

@@ -225,12 +225,12 @@ def test_many_candidates_of_skewed_lengths(fmt, queries, layout, kernel_route):
 def test_ragged_candidates_sharing_blocks(fmt, queries, ld, masks, kernel_route):
     """More candidates than streaming blocks, of every length from empty to full (multiples of
     the tile and one row either side among them): each block streams several documents of
-    different lengths back to back (64- and 128-row tiles of codes). Scores and argmax against
-    float64, query by query."""
+    different lengths back to back (64- and 128-row tiles of codes; without argmax, 32-row tiles
+    split over warps). Scores and argmax against float64, query by query."""
     nq, lq, k, h = 4, 32, 400, 128
     Q, q_len, q_mask, q_valid = padded(nq, lq, h)
     d_len = torch.randint(0, ld + 1, (nq * k,), device=DEVICE)
-    edges = torch.tensor([0, 1, 63, 64, 65, 127, 128, 129], device=DEVICE).clamp(max=ld)
+    edges = torch.tensor([0, 1, 31, 32, 33, 63, 64, 65, 127, 128, 129], device=DEVICE).clamp(max=ld)
     every7 = torch.arange(0, nq * k, 7, device=DEVICE)
     d_len[every7] = edges[torch.arange(every7.numel(), device=DEVICE) % edges.numel()]
     d_valid = prefix(d_len, ld)
@@ -242,16 +242,37 @@ def test_ragged_candidates_sharing_blocks(fmt, queries, ld, masks, kernel_route)
     qQ = maxsim.quantize(Q, "int8") if queries == "int8" else Q.half()
     qD = maxsim.quantize(D, fmt)
     cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
-    got = maxsim.maxsim_with_argmax(
-        qQ, cand, q_mask, None if d_mask is None else d_mask.view(nq, k, ld),
-        q_lengths=q_len, d_lengths=d_len.view(nq, k),
-    )
+    kw = dict(q_lengths=q_len, d_lengths=d_len.view(nq, k))
+    c_mask = None if d_mask is None else d_mask.view(nq, k, ld)
     parts = [
         reference(qQ[i : i + 1], qD[i * k : (i + 1) * k], q_valid[i : i + 1],
                   d_valid[i * k : (i + 1) * k])
         for i in range(nq)
     ]
-    check(*got, tuple(torch.cat(p) for p in zip(*parts)))
+    want = tuple(torch.cat(p) for p in zip(*parts))
+    check(*maxsim.maxsim_with_argmax(qQ, cand, q_mask, c_mask, **kw), want)
+    check(maxsim.maxsim(qQ, cand, q_mask, c_mask, **kw), None, want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nan_in_a_valid_token_makes_its_score_nan(fmt, kernel_route):
+    """A NaN scale on a valid token makes its document's score NaN (the max keeps NaN, as
+    torch's does); NaN scales past a document's length change nothing. Enough candidates that
+    blocks stream several documents."""
+    nq, lq, k, ld, h = 4, 32, 90, 100, 128
+    Q = tokens(nq, lq, h).to(DEVICE).half()
+    d_len = torch.randint(1, ld + 1, (nq * k,), device=DEVICE)
+    qD = maxsim.quantize(tokens(nq * k, ld, h).to(DEVICE), fmt)
+    scale = qD.scale.clone()
+    scale[~prefix(d_len, ld)] = float("nan")
+    bad = torch.tensor([3, 100, 271], device=DEVICE)
+    scale[bad, d_len[bad] - 1] = float("nan")
+    cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), scale.view(nq, k, ld))
+    got = maxsim.maxsim(Q, cand, d_lengths=d_len.view(nq, k))
+    want = grouped(reference(Q, QuantizedTokens(qD.codes, scale), None, prefix(d_len, ld)), k)[0]
+    assert torch.equal(got.isnan(), want.isnan()) and int(got.isnan().sum()) == 3
+    ok = ~want.isnan()
+    check(got[ok], None, (want[ok], None, None))
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
