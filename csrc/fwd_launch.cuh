@@ -47,8 +47,9 @@ namespace fwd_detail {
 //          rerank_heavy_int8 40.2 -> 34.4, rerank_heavy_fp8 39.1 -> 33.8, rerank_colpali_int8
 //          38.5 -> 36.5, rerank_colpali_fp8 36.8 -> 34.8, masked rerank_heavy_int8 50.6 -> 38.3.
 //          Four warps per block (four blocks per SM) were up to 3% faster on ColPali documents
-//          and 2-3% slower on shorter ones; three stages, or clusters of blocks sharing their
-//          documents' tiles through distributed shared memory, were slower.
+//          and 2-3% slower on shorter ones; three stages, blocks splitting a query's documents
+//          by their tiles, and clusters of blocks sharing their documents' tiles through
+//          distributed shared memory were slower (docs/ARCHITECTURE.md).
 constexpr int kWarpStreamWarps = 8, kWarpStreamStages = 2;
 
 template <Tile> struct TileShape;
