@@ -196,3 +196,74 @@ def test_kernel_ab_lists_and_rejects_unknown_cases(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--only", "nope"])
     with pytest.raises(SystemExit):
         kernel_ab.main()
+
+
+def _fidelity_doc():
+    row = dict(format="int8", quantized="documents", top10_overlap=0.9925, top10_overlap_min=0.9,
+               ndcg10=0.5, ndcg10_fp32=0.5, ndcg10_diff=-0.00012, score_rel_err=3.8e-3,
+               bytes_ratio=0.516)
+    shape = dict(queries=500, docs=5000, lq=32, ld=180, dim=128, mean_lq=20.2, mean_ld=59.0)
+    return {"python": "3.11.7", "torch": "2.13.0", "wordllama": "0.4.0",
+            "datasets": {"text": {"shape": shape, "ndcg10_fp32": 0.256, "rows": [row]}}}
+
+
+def test_render_fills_the_fidelity_table_only_between_its_markers(tmp_path):
+    text = ("<!-- BENCH:START -->\n<!-- BENCH:END -->\n\nintro\n<!-- FIDELITY:START -->\nold\n"
+            "<!-- FIDELITY:END -->\ntail\n")
+    args = _tree(tmp_path, text)
+    (tmp_path / "bench_results" / "quant_fidelity.json").write_text(json.dumps(_fidelity_doc()))
+    assert render.main(args) == 0
+    out = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "old" not in out and out.endswith("<!-- FIDELITY:END -->\ntail\n")
+    assert "| text | int8 | documents | 0.993 / 0.9 | -0.0001 | 3.8e-03 |" in out
+    assert "- `text`: 500 queries x 5000 documents, Lq <= 32 (mean 20.2)" in out
+    assert "wordllama 0.4.0" in out
+    first = _snapshot(tmp_path)
+    assert render.main(args) == 0
+    assert _snapshot(tmp_path) == first
+    # a README without the fidelity markers keeps its text there
+    plain = "<!-- BENCH:START -->\n<!-- BENCH:END -->\nhand-written\n"
+    (tmp_path / "README.md").write_text(plain, encoding="utf-8")
+    assert render.main(args) == 0
+    assert (tmp_path / "README.md").read_text(encoding="utf-8").endswith("hand-written\n")
+
+
+def test_quant_fidelity_runs_on_the_clustered_set(tmp_path):
+    import quant_fidelity
+    out = tmp_path / "fidelity.json"
+    args = ["--data", "clustered", "--queries", "6", "--docs", "40", "--lq", "8", "--ld", "12",
+            "--dim", "32", "--out", str(out)]
+    assert quant_fidelity.main(args) == 0
+    doc = json.loads(out.read_text())
+    rows = doc["datasets"]["clustered"]["rows"]
+    assert [(r["format"], r["quantized"]) for r in rows] == [
+        (f, s) for f in ("int8", "fp8_e4m3") for s in quant_fidelity.SIDES]
+    for r in rows:
+        assert 0.0 <= r["top10_overlap_min"] <= r["top10_overlap"] <= 1.0
+        if "rescored" in r["quantized"]:  # 40 candidates hold all 40 documents
+            assert r["top10_overlap"] == 1.0 and r["score_rel_err"] < 1e-5
+    with pytest.raises(SystemExit):
+        quant_fidelity.main(["--data", "nosuchset"])
+
+
+def test_text_passages_and_cloze_queries():
+    import random
+
+    import fidelity_data as fd
+    text = ("First sentence here is long enough. Second one follows it closely now. Third ends "
+            "the paragraph with words.\n\n>>> code(that, is) skipped\n\nA fourth sentence "
+            "stands in the next paragraph of text.")
+    passages = fd._passages(text, max_words=12)
+    assert passages == ["First sentence here is long enough. Second one follows it closely now.",
+                        "Third ends the paragraph with words.",
+                        "A fourth sentence stands in the next paragraph of text."]
+    many = [f"Passage {p} opens with a sentence. Another line {p} here with more words. Last one "
+            f"{p} closes it for good." for p in range(30)]
+    queries, docs, positive = fd.cloze_pairs(many, 5, 20, random.Random(0))
+    assert len(queries) == 5 and len(docs) == 20 and len(set(docs)) == 20
+    for q, p in zip(queries, positive):
+        source = next(m for m in many if q in m)
+        rest = [s for s in fd.SENTENCE_END.split(source) if s != q]
+        assert docs[p] == " ".join(rest) and len(q.split()) >= 6
+    with pytest.raises(ValueError, match="--docs"):
+        fd.cloze_pairs(many, 5, 100, random.Random(0))
