@@ -267,3 +267,18 @@ def test_text_passages_and_cloze_queries():
         assert docs[p] == " ".join(rest) and len(q.split()) >= 6
     with pytest.raises(ValueError, match="--docs"):
         fd.cloze_pairs(many, 5, 100, random.Random(0))
+
+
+def test_text_data_gives_unit_tokens_and_one_relevant_document():
+    pytest.importorskip("wordllama")
+    import argparse
+
+    import fidelity_data as fd
+    import torch
+    args = argparse.Namespace(queries=4, docs=30, lq=32, ld=64, dim=128, seed=1)
+    Q, q_mask, D, d_mask, relevance = fd.text_data(args, torch.Generator().manual_seed(1))
+    assert Q.shape[::2] == (4, 128) and D.shape[::2] == (30, 128)
+    assert Q.size(1) <= 32 and D.size(1) <= 64 and q_mask.any(1).all() and d_mask.any(1).all()
+    norms = torch.cat([Q.norm(dim=-1).flatten(), D.norm(dim=-1).flatten()])
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)  # padding too: unit vectors
+    assert torch.equal(relevance.sum(1), torch.ones(4)) and relevance.sum() == 4
