@@ -121,7 +121,7 @@ def wordllama_table():
         root = files("wordllama")
     except ImportError as e:
         raise SystemExit(f"the text data set needs the wordllama package ({e}): "
-                         "pip install wordllama") from e
+                         "pip install wordllama==0.4.0.post1") from e
     table = load_file(str(root / "weights" / "l2_supercat_256.safetensors"))["embedding.weight"]
     tokenizer = Tokenizer.from_file(str(root / "tokenizers" / "l2_supercat_tokenizer_config.json"))
     return tokenizer, table

@@ -16,7 +16,8 @@ the rankings are the ones they give.
     python benchmarks/quant_fidelity.py [--data text,clustered] [--queries N] [--docs N]
                                         [--out FILE]
 
-The text set needs `pip install wordllama` (its token table ships in the package).
+The text set needs wordllama (its token table ships in the package): `pip install -e ".[bench]"`
+pins the version that made bench_results/quant_fidelity.json.
 """
 from __future__ import annotations
 
