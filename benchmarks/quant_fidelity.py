@@ -26,6 +26,7 @@ import json
 import platform
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -108,10 +109,10 @@ def main(argv=None):
     unknown = [n for n in names if n not in DATASETS]
     if unknown or not names:
         ap.error(f"--data {args.data!r}: expected a comma-separated subset of {list(DATASETS)}")
+    given = {k: v for k, v in vars(args).items() if v is not None}
     results = {}
     for name in names:
         make, defaults = DATASETS[name]
-        given = {k: v for k, v in vars(args).items() if v is not None}
         config = argparse.Namespace(**{**defaults, **{k: given[k] for k in defaults if k in given},
                                        "seed": args.seed})
         start = time.time()
@@ -134,9 +135,8 @@ def main(argv=None):
     if args.out:
         meta = dict(python=platform.python_version(), torch=torch.__version__)
         try:
-            from importlib.metadata import version
-            meta["wordllama"] = version("wordllama")
-        except Exception:  # not installed: only the clustered set ran
+            meta["wordllama"] = metadata.version("wordllama")
+        except metadata.PackageNotFoundError:  # not installed: only the clustered set ran
             pass
         Path(args.out).write_text(json.dumps(dict(meta, datasets=results), indent=1) + "\n")
     return 0
