@@ -4,7 +4,7 @@ document index."""
 import maxsim
 import pytest
 import torch
-from conftest import random_mask, values
+from conftest import fill_invalid, prefix, random_lengths, random_mask, values
 
 
 def full_ranking(scores, k):
@@ -80,3 +80,42 @@ def test_retrieve_scores_are_differentiable(backend_device):
     Q2 = Q.detach().clone().requires_grad_()
     maxsim.maxsim(Q2, corpus, backend=backend).gather(1, indices).sum().backward()
     torch.testing.assert_close(Q.grad, Q2.grad)
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("chunk_size", [4, None])
+def test_lengths_by_keyword_equal_masks(backend_device, quantized, chunk_size):
+    """``q_lengths=`` / ``d_lengths=`` as in ``maxsim()``, combined with masks; the padding past
+    each length holds large values and must never be read."""
+    backend, device = backend_device
+    q_len, d_len = random_lengths(3, 5, device), random_lengths(11, 9, device)
+    q_valid, d_valid = prefix(q_len, 5), prefix(d_len, 9)
+    Q = fill_invalid(values((3, 5, 16), torch.float32, device, "grid"), q_valid)
+    corpus = fill_invalid(values((11, 9, 16), torch.float32, device, "grid"), d_valid)
+    d_mask = random_mask((11, 9), device)
+    index = maxsim.quantize(corpus, "int8") if quantized else corpus
+    scores, indices = maxsim.retrieve(
+        Q, index, 4, d_mask=d_mask, q_lengths=q_len.int(), d_lengths=d_len.int(),
+        chunk_size=chunk_size, backend=backend,
+    )
+    ref_scores, ref_indices = maxsim.retrieve(  # the same search with masks alone
+        Q, index, 4, q_valid, d_valid & d_mask, chunk_size=chunk_size, backend=backend
+    )
+    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=0)
+    assert torch.equal(indices, ref_indices)
+    if quantized:  # the two-stage search takes them too, for the scan and the rescoring
+        scores, indices = maxsim.retrieve(
+            Q, index, 4, d_mask=d_mask, q_lengths=q_len, d_lengths=d_len, rescore=corpus,
+            candidates=11, backend=backend,
+        )
+        exact = maxsim.maxsim(Q, corpus, q_valid, d_valid & d_mask, backend=backend)
+        ref_scores, ref_indices = full_ranking(exact, 4)
+        torch.testing.assert_close(scores, ref_scores, rtol=0, atol=0)
+        assert torch.equal(indices, ref_indices)
+
+
+def test_lengths_of_the_wrong_shape_are_named(backend_device):
+    backend, device = backend_device
+    Q, corpus = values((2, 3, 8), device=device), values((5, 4, 8), device=device)
+    with pytest.raises(ValueError, match="d_lengths"):
+        maxsim.retrieve(Q, corpus, 2, d_lengths=torch.ones(4, dtype=torch.int32), backend=backend)

@@ -30,13 +30,15 @@ def _doc_of(keys: torch.Tensor) -> torch.Tensor:
 
 
 def retrieve(
-    Q, corpus, top_k, q_mask=None, d_mask=None, *, rescore=None, candidates=None,
-    chunk_size=None, backend="auto",
+    Q, corpus, top_k, q_mask=None, d_mask=None, *, q_lengths=None, d_lengths=None, rescore=None,
+    candidates=None, chunk_size=None, backend="auto",
 ):
     """The ``top_k`` best documents of ``corpus`` for every query, ties to the lower document index.
 
-    Shapes: Q ``[Nq, Lq, H]``, corpus ``[Nd, Ld, H]``, q_mask ``[Nq, Lq]``, d_mask ``[Nd, Ld]``
-    -> scores ``[Nq, top_k]`` fp32 descending, indices ``[Nq, top_k]`` int64.
+    Shapes: Q ``[Nq, Lq, H]``, corpus ``[Nd, Ld, H]``, q_mask ``[Nq, Lq]``, d_mask ``[Nd, Ld]``,
+    q_lengths ``[Nq]``, d_lengths ``[Nd]`` (prefix lengths, combinable with masks, as in
+    :func:`maxsim.maxsim`) -> scores ``[Nq, top_k]`` fp32 descending, indices ``[Nq, top_k]``
+    int64.
     The corpus is scored ``chunk_size`` documents at a time (default: as many as the
     ``MAXSIM_TORCH_MEMORY_MB`` budget holds), merging each chunk into the running top-k.
     A quantized corpus (:func:`maxsim.quantize`) streams its 8-bit codes through the CUDA kernels
@@ -49,8 +51,8 @@ def retrieve(
     candidates are scored in place (pairs of query and document ids): nothing is gathered.
     """
     if rescore is not None:
-        return _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size,
-                          backend)
+        return _two_stage(Q, corpus, top_k, (q_mask, d_mask, q_lengths, d_lengths), rescore,
+                          candidates, chunk_size, backend)
     if candidates is not None:
         raise ValueError("candidates: only used with rescore= (the two-stage search)")
     quantized = isinstance(corpus, QuantizedTokens)
@@ -81,8 +83,8 @@ def retrieve(
     if chunk_size is None:
         chunk_size = max(1, memory_budget_bytes() // (max(nq, 1) * _CANDIDATE_BYTES))
     chunk_size = check.integer("chunk_size", chunk_size, 1)
-    q = check.padded(Q, m=q_mask, mask_name="q_mask")._replace(scale=q_scale)
-    d_mask = check.mask("d_mask", d_mask, corpus.shape[:2], corpus.device)
+    q = _padded_side(Q, q_mask, q_lengths, "q")._replace(scale=q_scale)
+    whole = _padded_side(corpus.codes if quantized else corpus, d_mask, d_lengths, "d")
 
     best_scores = torch.empty((nq, 0), dtype=torch.float32, device=Q.device)
     best_keys = torch.empty((nq, 0), dtype=torch.int64, device=Q.device)
@@ -93,9 +95,8 @@ def retrieve(
             chunk, chunk_scale = chunk.codes, chunk.scale.float()
         elif quantized:
             chunk = chunk.dequantize()
-        d = check.TokenSet(
-            chunk, mask=None if d_mask is None else d_mask[start:stop], scale=chunk_scale
-        )
+        d = check.TokenSet(chunk, lengths=_rows(whole.lengths, start, stop),
+                           mask=_rows(whole.mask, start, stop), scale=chunk_scale)
         scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
         candidates = torch.cat([best_scores, scores], dim=1)
         docs = torch.arange(start, stop, device=scores.device)
@@ -105,8 +106,20 @@ def retrieve(
     return best_scores, _doc_of(best_keys)
 
 
-def _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size, backend):
-    """retrieve's scan for ``candidates`` documents per query, then their exact scores."""
+def _padded_side(x, m, lengths, side):
+    """The validated mask and prefix lengths of ``x`` (``side`` "q" or "d" names them)."""
+    return check.padded(x, lengths=lengths, lengths_name=f"{side}_lengths", m=m,
+                        mask_name=f"{side}_mask")
+
+
+def _rows(t, start, stop):
+    return None if t is None else t[start:stop]
+
+
+def _two_stage(Q, corpus, top_k, validity, rescore, candidates, chunk_size, backend):
+    """retrieve's scan for ``candidates`` documents per query, then their exact scores.
+    ``validity`` is ``(q_mask, d_mask, q_lengths, d_lengths)``."""
+    q_mask, d_mask, q_lengths, d_lengths = validity
     rescore = check.embeddings("rescore", rescore, ("Nd", "Ld", "H"))
     queries = Q.dequantize(rescore.dtype) if isinstance(Q, QuantizedTokens) else Q
     queries = check.embeddings("Q", queries, ("Nq", "Lq", "H"))
@@ -122,12 +135,12 @@ def _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size
     if candidates is None:
         candidates = min(4 * top_k, nd)
     candidates = check.integer("candidates", candidates, top_k, nd)
-    _, docs = retrieve(Q, corpus, candidates, q_mask, d_mask, chunk_size=chunk_size,
-                       backend=backend)
+    _, docs = retrieve(Q, corpus, candidates, q_mask, d_mask, q_lengths=q_lengths,
+                       d_lengths=d_lengths, chunk_size=chunk_size, backend=backend)
     # int32 ids, as the op takes them (queries in order: each query's tile loads once)
     pair_q = torch.arange(nq, dtype=torch.int32, device=docs.device).repeat_interleave(candidates)
-    q = check.padded(queries, m=q_mask, mask_name="q_mask")
-    d = check.padded(rescore, m=d_mask, mask_name="d_mask")
+    q = _padded_side(queries, q_mask, q_lengths, "q")
+    d = _padded_side(rescore, d_mask, d_lengths, "d")
     pair_d = docs.reshape(-1).to(torch.int32)
     scores, _ = forward(q, d, PAIRS, pair_q=pair_q, pair_d=pair_d, max_lq=lq,
                         want_argmax=False, backend=backend)
