@@ -34,6 +34,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Say what most skips are: on a machine without a GPU, the CUDA tests."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    cuda = sum(1 for rep in skipped if "cuda" in rep.keywords)
+    if cuda and not HAS_CUDA:
+        terminalreporter.write_line(f"{cuda} CUDA tests skipped: no GPU")
+
+
 @pytest.fixture(autouse=True)
 def seeded_rng(request):
     """A reproducible seed per test case: fresh data for each case, the same data on a rerun."""

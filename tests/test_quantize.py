@@ -84,3 +84,8 @@ def test_errors_name_the_argument():
         maxsim.quantize(torch.tensor([[1.0, float("nan")]]), "int8")
     with pytest.raises(TypeError, match="x"):
         maxsim.quantize(torch.ones(2, 8, dtype=torch.int32))
+
+
+def test_repr_is_a_one_line_summary():
+    index = maxsim.quantize(normalized((50, 7, 16)), "int8")
+    assert repr(index) == "QuantizedTokens(int8, shape=[50, 7, 16], device=cpu, 7,000 bytes)"

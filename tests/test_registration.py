@@ -143,6 +143,9 @@ def test_compile_fullgraph_forward_and_backward(backend_device, name):
 
 
 @pytest.mark.slow
+# inductor's first import defines torch.utils.mkldnn's classes with torch.jit.script_method,
+# which warns from inside torch: not ours to fix
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning")
 def test_compile_fullgraph_inductor(backend_device):
     backend, device = backend_device
     torch._dynamo.reset()

@@ -21,7 +21,7 @@ DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 _LIMIT = {"int8": 127.0, "fp8_e4m3": 448.0}  # largest code magnitude of each format
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class QuantizedTokens:
     """8-bit codes ``[..., H]`` and fp32 per-token scales ``[...]``: token = codes * scale."""
 
@@ -56,6 +56,10 @@ class QuantizedTokens:
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
         return dequantize(self, dtype)
+
+    def __repr__(self) -> str:  # a summary: the codes of a corpus would fill the screen
+        return (f"QuantizedTokens({self.format}, shape={list(self.shape)}, "
+                f"device={self.device}, {self.nbytes:,} bytes)")
 
 
 def quantize(x: torch.Tensor, dtype: str = "int8", dim: int = -1) -> QuantizedTokens:
