@@ -6,6 +6,9 @@ the same fake kernels as the pure-PyTorch ones. Their autograd formula is regist
 extension itself (a call that needs no gradient then never enters Python below this module).
 """
 
+import os
+import warnings
+
 import torch
 
 from ._ops import load_cuda_ops
@@ -24,6 +27,9 @@ def _load_cuda():
         # A second copy of this package in the process finds the fake kernels already there.
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Meta"):
             register_fakes(namespace)
+    elif os.environ.get("MAXSIM_NO_JIT") != "1":  # said once: CUDA calls will run the fallback
+        warnings.warn(f"maxsim: CUDA tensors will take the PyTorch fallback, not the fused "
+                      f"kernels: {reason}", RuntimeWarning, stacklevel=2)
     return ops, reason
 
 
