@@ -39,7 +39,7 @@ def pytest_terminal_summary(terminalreporter):
     skipped = terminalreporter.stats.get("skipped", [])
     cuda = sum(1 for rep in skipped if "cuda" in rep.keywords)
     if cuda and not HAS_CUDA:
-        terminalreporter.write_line(f"{cuda} CUDA tests skipped: no GPU")
+        terminalreporter.write_line(f"{cuda} CUDA test{'s' * (cuda != 1)} skipped: no GPU")
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,72 @@
+"""The snippets of README.md and docs/*.md run: every ```python block whose line above is
+``<!-- runnable -->`` is executed here on CPU, so a documented call cannot drift from the code.
+
+``<!-- runnable requires=NAME -->`` runs the block only where NAME imports (``cuda``: only with a
+GPU), e.g. the integration recipes, which run in CI where the libraries are installed.
+"""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"^<!-- runnable(?: requires=(?P<requires>[\w.]+))? -->$")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def runnable_blocks(path: Path):
+    """``(line, requires, code)`` of each marked block of ``path``; a marker not followed by a
+    ```python block is an error, so that a typo cannot drop a snippet silently."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        found = MARKER.match(line.strip())
+        if found is None:
+            continue
+        if i + 1 >= len(lines) or lines[i + 1].strip() != "```python":
+            raise ValueError(f"{path.name}:{i + 1}: the runnable marker must precede ```python")
+        end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
+        blocks.append((i + 3, found["requires"], "\n".join(lines[i + 2:end]) + "\n"))
+    return blocks
+
+
+SNIPPETS = [
+    pytest.param(path, line, requires, code, id=f"{path.name}:{line}",
+                 marks=[pytest.mark.cuda] if requires == "cuda" else [])
+    for path in DOCS
+    for line, requires, code in runnable_blocks(path)
+]
+
+
+def available(requires) -> bool:
+    if requires is None:
+        return True
+    if requires == "cuda":
+        return torch.cuda.is_available()
+    return importlib.util.find_spec(requires) is not None
+
+
+def unpatch_integrations():
+    """A snippet that patches a library must not leave it patched for the tests after it."""
+    for name in ("pylate", "colpali", "sentence_transformers"):
+        module = sys.modules.get(f"maxsim.integrations.{name}")
+        if module is not None:
+            module.unpatch()
+
+
+def test_the_readme_has_snippets_to_run():
+    assert sum(1 for p in SNIPPETS if p.values[0].name == "README.md") >= 5
+
+
+@pytest.mark.parametrize("path, line, requires, code", SNIPPETS)
+def test_snippet_runs(path, line, requires, code, capsys):
+    if not available(requires):
+        pytest.skip(f"needs {requires}")
+    try:
+        exec(compile(code, f"{path.name}:{line}", "exec"), {"__name__": "__snippet__"})
+    finally:
+        unpatch_integrations()
