@@ -2,7 +2,8 @@
 ``<!-- runnable -->`` is executed here on CPU, so a documented call cannot drift from the code.
 
 ``<!-- runnable requires=NAME -->`` runs the block only where NAME imports (``cuda``: only with a
-GPU), e.g. the integration recipes, which run in CI where the libraries are installed.
+GPU), e.g. the integration recipes, which run in CI where the libraries are installed. In the
+README every python block says which it is: runnable, or ``<!-- not runnable: why -->``.
 """
 
 import importlib.util
@@ -58,7 +59,16 @@ def unpatch_integrations():
             module.unpatch()
 
 
-def test_the_readme_has_snippets_to_run():
+def test_every_readme_python_block_is_marked():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    unmarked = [
+        i + 1 for i, line in enumerate(lines)
+        if line.strip() == "```python" and not (
+            i > 0 and (MARKER.match(lines[i - 1].strip())
+                       or lines[i - 1].startswith("<!-- not runnable: "))
+        )
+    ]
+    assert not unmarked, f"README.md lines {unmarked}: mark each runnable or not runnable"
     assert sum(1 for p in SNIPPETS if p.values[0].name == "README.md") >= 5
 
 
