@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter):
     """Say what most skips are: on a machine without a GPU, the CUDA tests."""
     skipped = terminalreporter.stats.get("skipped", [])
-    cuda = sum(1 for rep in skipped if "cuda" in rep.keywords)
+    cuda = sum(1 for rep in skipped if "cuda" in getattr(rep, "keywords", ()))
     if cuda and not HAS_CUDA:
         terminalreporter.write_line(f"{cuda} CUDA test{'s' * (cuda != 1)} skipped: no GPU")
 
