@@ -107,6 +107,8 @@ def retrieve(
 
 def _two_stage(Q, corpus, top_k, q_mask, d_mask, rescore, candidates, chunk_size, backend):
     """retrieve's scan for ``candidates`` documents per query, then their exact scores."""
+    codes = corpus.codes if isinstance(corpus, QuantizedTokens) else corpus
+    check.embeddings("corpus", codes, ("Nd", "Ld", "H"), codes=True)
     rescore = check.embeddings("rescore", rescore, ("Nd", "Ld", "H"))
     queries = Q.dequantize(rescore.dtype) if isinstance(Q, QuantizedTokens) else Q
     queries = check.embeddings("Q", queries, ("Nq", "Lq", "H"))
