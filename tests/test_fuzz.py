@@ -116,3 +116,28 @@ def test_meta_offsets_without_a_hint_say_so():
     with pytest.raises(ValueError, match="max_q_len: expected an int for tensors on meta"):
         maxsim.score_pairs_packed(torch.empty(5, 8, device="meta"), meta,
                                   torch.empty(5, 8, device="meta"), meta, meta[:2], meta[:2])
+
+
+def test_unchecked_bad_values_send_no_gradient(monkeypatch):
+    monkeypatch.setattr(validation, "values_checked", lambda t: False)
+    Q = torch.randn(2, 3, 8, requires_grad=True)
+    D = torch.randn(4, 5, 8, requires_grad=True)
+    scores = maxsim.maxsim(Q, D, d_lengths=torch.tensor([5, -2, 3, 99], dtype=torch.int32))
+    assert scores[:, [1, 3]].isnan().all() and scores[:, [0, 2]].isfinite().all()
+    scores.nan_to_num(0.0).sum().backward()
+    assert (D.grad[[1, 3]] == 0).all() and D.grad[[0, 2]].abs().sum() > 0
+    q, offsets = torch.randn(6, 8, requires_grad=True), torch.tensor([0, 2, 6])
+    pairs = maxsim.score_pairs_packed(q, offsets, q.detach(), offsets, torch.tensor([0, 1, 7]),
+                                      torch.tensor([1, 0, 0]), max_q_len=3)
+    assert pairs.isnan().tolist() == [False, True, True]  # query 1 (4 tokens) > max_q_len 3
+    pairs.nan_to_num(0.0).sum().backward()
+    assert (q.grad[2:] == 0).all() and q.grad[:2].abs().sum() > 0
+
+
+def test_unchecked_targets_give_a_nan_loss(monkeypatch):
+    monkeypatch.setattr(validation, "values_checked", lambda t: False)
+    Q, D = torch.randn(2, 3, 8), torch.randn(4, 5, 8)
+    for targets in (torch.tensor([0, 4]), torch.tensor([-1, 0]), torch.tensor([2**40, 0])):
+        assert maxsim.contrastive_loss(Q, D, targets=targets).isnan()
+        assert maxsim.contrastive_step(Q, D, targets=targets)[0].isnan()
+    assert maxsim.contrastive_loss(Q, D, targets=torch.tensor([3, 0])).isfinite()

@@ -6,8 +6,9 @@ once. fp16 / bf16 tokens are upcast to fp32 a chunk at a time; fp32 is exact (``
 
 Padded token sets are read without any device->host sync. A packed token set is gathered into
 padded blocks: packed queries as wide as ``max_lq`` (the bound the kernels size their work by;
-tokens past it are not scored), packed documents as wide as their longest segment, which is read
-on the host once per call (free on CPU, one sync on other devices).
+a longer query scores NaN), packed documents as wide as their longest segment, which is read
+on the host once per call (free on CPU, one sync on other devices). Bad index values are clamped
+for the gathers and their scores marked NaN, as the kernels do (bounds.py).
 
 ``bwd`` never reads device values and never lets floating-point atomics decide an order, so its
 gradients are bit-identical run after run.
