@@ -61,8 +61,8 @@ _TENSOR_MUTATIONS = {
 _PYTHON_VALUES = {
     "top_k": [-1, 1.5, True, "2", 10**6],
     "chunk_size": [0, -2, 2.0],
-    "max_q_len": [-1, 2.5, True, "3"],
-    "max_seqlen_q": [-1, 2.5, True, "3"],
+    "max_q_len": [-1, 2.5, True, "3", 2**31],
+    "max_seqlen_q": [-1, 2.5, True, "3", 2**40],
     "num_candidates": [-1, 1.5, True],
     "dtype": ["int4", None],
     "temperature": [0, -1.0, math.nan, math.inf, "1", True],

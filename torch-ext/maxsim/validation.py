@@ -231,7 +231,7 @@ def query_width(name: str, value, queries: TokenSet) -> int:
                 f"{name}: expected an int for tensors on meta (whose values are unknown)"
             )
         return longest_segment(offsets, queries.x.size(0))
-    value = integer(name, value)
+    value = integer(name, value, 0, _INT32.max)  # the kernels index in int32
     if values_checked(offsets) and offsets.size(0) > 1:
         sizes = offsets[1:] - offsets[:-1]
         i = int(sizes.argmax())
