@@ -48,8 +48,8 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, codes=Fal
     normalisation, no autocast, int32 document lengths or none, masks as contiguous bool tensors or
     none) without the layers of checks, or None when the call is anything else (the full
     path then checks it and raises what it must). The host work of a small call is its whole time.
-    ``codes``: Q and D are
-    already the kernels' scaled operands (:func:`quantize.scaled_operands` checked their dtypes)."""
+    ``codes``: Q and D are already the kernels' scaled operands (:func:`quantize.scaled_operands`
+    checked their dtypes)."""
     if (
         normalize or q_lengths is not None
         or type(Q) is not torch.Tensor or type(D) is not torch.Tensor

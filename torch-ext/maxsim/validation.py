@@ -131,6 +131,10 @@ def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
     tensor). int64 values past the int32 range saturate (so they stay out of range) rather than
     wrap."""
     require_index(name, t, shape, device)
+    return _int32(t)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == torch.int32:
         return t.contiguous()
     return t.clamp(_INT32.min, _INT32.max).to(torch.int32).contiguous()
@@ -160,7 +164,7 @@ def padded(
     if lengths is not None:
         require_index(lengths_name, lengths, lengths_shape or (n,), x.device)
         check_lengths(lengths_name, lengths, width)
-        lengths = index(lengths_name, lengths, lengths_shape or (n,), x.device).view(n)
+        lengths = _int32(lengths).view(n)
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
 
 
@@ -183,8 +187,7 @@ def packed(
     require_index(offsets_name, offsets, tuple(offsets.shape), x.device)
     if values_checked(offsets):
         _check_offsets(offsets_name, offsets, x.size(0))
-    offsets = index(offsets_name, offsets, tuple(offsets.shape), x.device)
-    return TokenSet(x, offsets=offsets, mask=mask(mask_name, m, (x.size(0),), x.device))
+    return TokenSet(x, offsets=_int32(offsets), mask=mask(mask_name, m, (x.size(0),), x.device))
 
 
 def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device) -> tuple:
@@ -198,10 +201,7 @@ def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device)
         check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
     if values_checked(pair_d):
         check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
-    return (
-        index(q_name, pair_q, tuple(pair_q.shape), device),
-        index(d_name, pair_d, tuple(pair_q.shape), device),
-    )
+    return _int32(pair_q), _int32(pair_d)
 
 
 def integer(name: str, value, low: int = 0, high=None) -> int:
