@@ -4,16 +4,18 @@ the malformed calls of the fuzz corpus (tests/fuzz_corpus.py) with their index t
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py --fuzz
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py
 
+The kernel calls cover the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which
+needs calls with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel
+(documents given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16
+and bf16 queries, quantized queries, the wgmma tile's codes in registers), argmax, every backward
+kernel (dQ, sorted and packed dD) and the loss (fused into the training step's backward, and on
+its own).
+
 Each fuzz case must raise a clear error naming its argument or return NaN exactly where
 docs/API.md says (index values are checked on the GPU only with MAXSIM_DEBUG=1, so without it bad
 values give NaN), and the process's CUDA context must be alive after it. Prints one summary line;
 exits 1 on any mismatch. ``--only-fuzz`` skips the kernel cases, ``--variants N`` sizes the corpus.
-
-Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
-with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel (documents
-given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
-quantized queries, the wgmma tile's codes in registers), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
-backward, and on its own)."""
+"""
 
 import argparse
 import os
@@ -32,6 +34,7 @@ def tokens(*shape, dtype=torch.float16):
 
 
 def kernel_cases():
+    """Every kernel once, on valid input."""
     lens = torch.tensor([5, 33, 64, 0, 70], device="cuda", dtype=torch.int32)
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         Q, D = tokens(3, 20, 64, dtype=dtype), tokens(5, 70, 64, dtype=dtype)
@@ -64,7 +67,8 @@ def kernel_cases():
             maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # few long documents
         both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
         maxsim.maxsim(*both)
-        dtype = torch.float16 if fmt == "int8" else torch.bfloat16  # both query types over the formats
+        # both query types over the formats
+        dtype = torch.float16 if fmt == "int8" else torch.bfloat16
         # candidates of 512+ tokens: 128-row tiles of codes on Hopper (D 128, lengths, argmax)
         long = maxsim.quantize(tokens(6, 600, 128), fmt)
         cand = maxsim.QuantizedTokens(long.codes.view(2, 3, 600, 128), long.scale.view(2, 3, 600))
@@ -99,7 +103,7 @@ def context_alive(device: str) -> bool:
         alive = torch.ones(4, device="cuda").add_(1).sum().item() == 8
         torch.cuda.synchronize()
         return alive
-    except RuntimeError:
+    except Exception:  # noqa: BLE001 - any CUDA error means the context is gone
         return False
 
 
