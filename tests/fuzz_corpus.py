@@ -350,7 +350,7 @@ ENTRIES = {
     "score_pairs_packed_train": (maxsim.score_pairs_packed_train, _compat_pairs, "scores"),
 }
 
-VALUE_MUTATIONS = 12  # random index values per valid call
+VALUE_MUTATIONS = 24  # random index values per valid call
 
 
 def corpus(seed: int = 0, variants: int = 3) -> list:
