@@ -73,8 +73,8 @@ for stage in "${stages[@]}"; do
       python3 scripts/sanitize_cases.py > /dev/null  # builds the extension outside the tools
       # memcheck also runs the malformed calls of the fuzz corpus (index tensors on the GPU)
       compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
-        --fuzz 2>&1 | grep -E "MISMATCH|CONTEXT|fuzz:|ERROR SUMMARY|done" | tail -n 40 \
-        | tee -a "$OUT/sanitize.log"
+        --fuzz 2>&1 | grep -E "MISMATCH|CONTEXT|fuzz:|Invalid|Program hit|ERROR SUMMARY|done" \
+        | tail -n 40 | tee -a "$OUT/sanitize.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
         2>&1 | tail -n 4 | tee -a "$OUT/sanitize.log" ;;
