@@ -4,7 +4,7 @@
 #
 #   [BENCH_ARGS=...] bash scripts/gpu_check.sh [stage ...]
 #                                             stages: check test integ bench hub profile ncu
-#                                             ncu_rerank sanitize
+#                                             ncu_rerank sanitize fuzz
 #                                             (default: check test bench)
 #
 # Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
@@ -71,11 +71,20 @@ for stage in "${stages[@]}"; do
         | head -n 120 ;;
     sanitize)
       python3 scripts/sanitize_cases.py > /dev/null  # builds the extension outside the tools
-      for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 1 python3 scripts/sanitize_cases.py 2>&1 \
-          | tail -n 4 | tee -a "$OUT/sanitize.log"
-      done ;;
-    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize)"; status=2 ;;
+      # memcheck also runs the malformed calls of the fuzz corpus (index tensors on the GPU)
+      compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
+        --fuzz 2>&1 | grep -E "MISMATCH|CONTEXT|fuzz:|Invalid|Program hit|ERROR SUMMARY|done" \
+        | tail -n 40 | tee -a "$OUT/sanitize.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
+        2>&1 | tail -n 4 | tee -a "$OUT/sanitize.log" ;;
+    fuzz)
+      # the fuzz corpus without the tools: bad values give NaN, then with MAXSIM_DEBUG=1 errors
+      python3 scripts/sanitize_cases.py --only-fuzz 2>&1 | tail -n 30 | tee "$OUT/fuzz.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      MAXSIM_DEBUG=1 python3 scripts/sanitize_cases.py --only-fuzz 2>&1 | tail -n 30 \
+        | tee -a "$OUT/fuzz.log" ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz)"; status=2 ;;
   esac
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "::: $stage took $((SECONDS - start)) s"

@@ -1,14 +1,23 @@
-"""A few small calls that reach every CUDA kernel once, for compute-sanitizer:
+"""A few small calls that reach every CUDA kernel once, for compute-sanitizer, and with ``--fuzz``
+the malformed calls of the fuzz corpus (tests/fuzz_corpus.py) with their index tensors on the GPU:
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py --fuzz
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py
 
-Covers the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which needs calls
-with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel (documents
-given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16 and bf16 queries,
-quantized queries, the wgmma tile's codes in registers), argmax, every backward kernel (dQ, sorted and packed dD) and the loss (fused into the training step's
-backward, and on its own)."""
+The kernel calls cover the streaming (32- and 64-row), 128-row (and on Hopper its wgmma form, which
+needs calls with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel
+(documents given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16
+and bf16 queries, quantized queries, the wgmma tile's codes in registers), argmax, every backward
+kernel (dQ, sorted and packed dD) and the loss (fused into the training step's backward, and on
+its own).
 
+Each fuzz case must raise a clear error naming its argument or return NaN exactly where
+docs/API.md says (index values are checked on the GPU only with MAXSIM_DEBUG=1, so without it bad
+values give NaN), and the process's CUDA context must be alive after it. Prints one summary line;
+exits 1 on any mismatch. ``--only-fuzz`` skips the kernel cases, ``--variants N`` sizes the corpus.
+"""
+
+import argparse
 import os
 import sys
 
@@ -16,6 +25,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "torch-ext"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import maxsim  # noqa: E402
 
 
@@ -23,9 +33,8 @@ def tokens(*shape, dtype=torch.float16):
     return torch.nn.functional.normalize(torch.randn(*shape, device="cuda"), dim=-1).to(dtype)
 
 
-def main():
-    torch.manual_seed(0)
-    assert maxsim.cuda_ops()[0] is not None, maxsim.cuda_ops()[1]
+def kernel_cases():
+    """Every kernel once, on valid input."""
     lens = torch.tensor([5, 33, 64, 0, 70], device="cuda", dtype=torch.int32)
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         Q, D = tokens(3, 20, 64, dtype=dtype), tokens(5, 70, 64, dtype=dtype)
@@ -58,7 +67,8 @@ def main():
             maxsim.maxsim(Q, maxsim.quantize(tokens(2, 700, 64), fmt))  # few long documents
         both = maxsim.quantize(tokens(3, 20, 64), fmt), maxsim.quantize(tokens(5, 70, 64), fmt)
         maxsim.maxsim(*both)
-        dtype = torch.float16 if fmt == "int8" else torch.bfloat16  # both query types over the formats
+        # both query types over the formats
+        dtype = torch.float16 if fmt == "int8" else torch.bfloat16
         # candidates of 512+ tokens: 128-row tiles of codes on Hopper (D 128, lengths, argmax)
         long = maxsim.quantize(tokens(6, 600, 128), fmt)
         cand = maxsim.QuantizedTokens(long.codes.view(2, 3, 600, 128), long.scale.view(2, 3, 600))
@@ -83,6 +93,63 @@ def main():
     maxsim.maxsim_varlen(q, cu_q, d, cu_d, max_seqlen_q=7).sum().backward()
     torch.cuda.synchronize()
     print("sanitize cases: done")
+
+
+def context_alive(device: str) -> bool:
+    """A trivial CUDA op and a synchronize: False once a kernel fault has killed the context."""
+    if device == "cpu":
+        return True
+    try:
+        alive = torch.ones(4, device="cuda").add_(1).sum().item() == 8
+        torch.cuda.synchronize()
+        return alive
+    except Exception:  # noqa: BLE001 - any CUDA error means the context is gone
+        return False
+
+
+def fuzz(seed: int, variants: int, device: str = "cuda") -> int:
+    """The fuzz corpus on ``device``; returns the number of mismatches."""
+    import fuzz_corpus
+
+    checked = device == "cpu" or os.environ.get("MAXSIM_DEBUG", "0") not in ("", "0")
+    cases = fuzz_corpus.corpus(seed=seed, variants=variants)
+    counts = {"error": 0, "answer": 0, "mismatch": 0}
+    nan_cases = 0
+    for i, case in enumerate(cases):
+        kind, detail = fuzz_corpus.outcome(case, device, checked)
+        counts[kind] += 1
+        nan_cases += kind == "answer" and case.nan is not None and bool(case.nan.any())
+        if kind == "mismatch":
+            print(f"MISMATCH {case.entry} ({case.what}): {detail}")
+        if not context_alive(device):
+            print(f"CONTEXT LOST after case {i}: {case.entry} ({case.what})")
+            counts["mismatch"] += 1
+            break
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(
+        f"fuzz: {len(cases)} cases on {name} "
+        f"(index values {'checked' if checked else 'unchecked'}), {counts['error']} errors raised, "
+        f"{nan_cases} NaN as documented, {counts['answer'] - nan_cases} valid answers, "
+        f"{counts['mismatch']} mismatches"
+    )
+    return counts["mismatch"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fuzz", action="store_true", help="also run the fuzz corpus")
+    parser.add_argument("--only-fuzz", action="store_true", help="only the fuzz corpus")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", type=int, default=2, help="valid calls per entry point")
+    parser.add_argument("--device", default="cuda", help="cpu: the fuzz corpus without a GPU")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.device == "cuda":
+        assert maxsim.cuda_ops()[0] is not None, maxsim.cuda_ops()[1]
+    if not args.only_fuzz:
+        kernel_cases()
+    if (args.fuzz or args.only_fuzz) and fuzz(args.seed, args.variants, args.device):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Malformed input raises ValueError / TypeError naming the argument; value checks only under
-MAXSIM_DEBUG=1."""
+"""Malformed input raises ValueError / TypeError naming the argument; index values are checked
+on the CPU always, elsewhere under MAXSIM_DEBUG=1 (tests/test_fuzz.py covers every entry point)."""
 
 import maxsim
 import pytest
@@ -224,7 +224,7 @@ def test_only_a_strided_last_dim_is_copied():
     )
 
 
-# ---- value checks: MAXSIM_DEBUG=1 only ----
+# ---- value checks: on the CPU always (MAXSIM_DEBUG=1 adds them elsewhere) ----
 
 
 @pytest.fixture
@@ -311,12 +311,15 @@ def test_debug_mode_checks_varlen(debug):
     )
 
 
-def test_value_checks_are_off_without_debug(monkeypatch):
+def test_cpu_values_are_checked_without_debug(monkeypatch):
     monkeypatch.delenv("MAXSIM_DEBUG", raising=False)
-    # A length past the padded size is not read back outside debug mode (it acts as "all valid").
-    scores = maxsim.score_candidates_padded(Q, CAND, torch.tensor([4, 1]), LD)
-    assert scores.shape == (2, 3)
-    pairs_call(max_q_len=2)  # a too-small bound is trusted outside debug mode
+    message = raises(ValueError, "query_lengths", maxsim.score_candidates_padded, Q, CAND,
+                     torch.tensor([4, 1]), LD)
+    assert "got query_lengths[0] = 4" in message
+    message = raises(ValueError, "max_q_len", pairs_call, max_q_len=2)
+    assert "query 1's 3 tokens" in message
+    raises(ValueError, "document_offsets", pairs_call, d_off=torch.tensor([0, 7, 5]))
+    raises(ValueError, "pair_query_ids", pairs_call, pq=torch.tensor([0, -1]))
 
 
 def test_debug_mode_accepts_good_input(debug):

@@ -24,9 +24,9 @@ def _candidates(queries, documents, query_lengths, doc_lengths, want_argmax, bac
         )
     k = documents.size(1)
     q = check.padded(queries, lengths=query_lengths, lengths_name="query_lengths")
-    doc_lengths = check.index("doc_lengths", doc_lengths, (b, k), documents.device)
     d = check.padded(
-        documents.flatten(0, 1), lengths=doc_lengths.flatten(), lengths_name="doc_lengths"
+        documents.flatten(0, 1), lengths=doc_lengths, lengths_name="doc_lengths",
+        lengths_shape=(b, k),
     )
     return forward(q, d, GROUPED, group=k, max_lq=lq, want_argmax=want_argmax, backend=backend)
 
@@ -95,7 +95,7 @@ def _pairs(
         d.count,
         queries.device,
     )
-    max_lq = check.query_width("max_q_len", max_q_len, q.offsets)
+    max_lq = check.query_width("max_q_len", max_q_len, q)
     return forward(
         q,
         d,

@@ -6,8 +6,9 @@ once. fp16 / bf16 tokens are upcast to fp32 a chunk at a time; fp32 is exact (``
 
 Padded token sets are read without any device->host sync. A packed token set is gathered into
 padded blocks: packed queries as wide as ``max_lq`` (the bound the kernels size their work by;
-tokens past it are not scored), packed documents as wide as their longest segment, which is read
-on the host once per call (free on CPU, one sync on other devices).
+a longer query scores NaN), packed documents as wide as their longest segment, which is read
+on the host once per call (free on CPU, one sync on other devices). Bad index values are clamped
+for the gathers and their scores marked NaN, as the kernels do (bounds.py).
 
 ``bwd`` never reads device values and never lets floating-point atomics decide an order, so its
 gradients are bit-identical run after run.
@@ -17,6 +18,7 @@ import contextlib
 
 import torch
 
+from . import bounds
 from .layouts import ALLPAIRS, GROUPED, scores_shape, segment_count
 from .settings import memory_budget_bytes
 
@@ -38,9 +40,10 @@ class _Segments:
     def __init__(self, x, offsets, lengths, mask, width=None):
         self.x, self.mask = x, mask
         self.packed = x.dim() == 2
-        if self.packed:
-            self.starts = offsets[:-1].long()
-            self.lengths = (offsets[1:] - offsets[:-1]).long()
+        if self.packed:  # offsets clamped into [0, T]: bad ones are marked NaN (bounds.py)
+            bounded = offsets.long().clamp(0, x.size(0))
+            self.starts = bounded[:-1]
+            self.lengths = (bounded[1:] - bounded[:-1]).clamp_(min=0)
             if width is None:  # the longest segment: the one host read
                 width = int(self.lengths.max()) if self.lengths.numel() else 0
             self.width = width
@@ -56,7 +59,8 @@ class _Segments:
         cols = torch.arange(self.width, device=self.x.device)
         if self.packed:
             rows = (self.starts[ids, None] + cols).clamp_(max=max(self.x.size(0) - 1, 0))
-            tokens = self.x[rows]
+            empty = self.x.size(0) == 0  # no row to clamp to
+            tokens = self.x.new_zeros(*rows.shape, self.x.size(1)) if empty else self.x[rows]
             valid = cols < self.lengths[ids, None]
             if self.mask is not None:
                 valid &= self.mask[rows]
@@ -154,8 +158,14 @@ def fwd(
         argmax = torch.empty(0, dtype=torch.int32, device=q.device)
     queries = _Segments(q, q_offsets, q_lengths, q_mask, width=max_lq)
     documents = _Segments(d, d_offsets, d_lengths, d_mask)
-    if scores.numel() == 0 or queries.width == 0:
-        return scores, argmax
+    nq, nd = segment_count(q, q_offsets), segment_count(d, d_offsets)
+    bad = bounds.invalid_pairs(
+        scores, layout, pair_q, pair_d, bounds.invalid_segments(q, q_offsets, q_lengths, max_lq),
+        bounds.invalid_segments(d, d_offsets, d_lengths), nq, nd,
+    )
+    if scores.numel() == 0 or queries.width == 0 or min(nq, nd) == 0:
+        return scores.masked_fill_(bad, float("nan")) if bad is not None else scores, argmax
+    pair_q, pair_d = bounds.clamped_ids(pair_q, nq), bounds.clamped_ids(pair_d, nd)
     with _exact_fp32_matmul(q.device):
         if layout == ALLPAIRS:
             _fwd_allpairs(queries, documents, scores, argmax if with_argmax else None)
@@ -170,8 +180,12 @@ def fwd(
                 pair_d,
                 scores.view(-1),
                 flat_argmax,
-                segment_count(d, d_offsets),
+                nd,
             )
+    if bad is not None:
+        scores.masked_fill_(bad, float("nan"))
+        if with_argmax:
+            argmax.masked_fill_(bad[..., None], -1)
     return scores, argmax
 
 
@@ -283,6 +297,9 @@ def bwd(grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, layout, group)
     if pairs and width and q_rows.size(0) and d_rows.size(0):
         q_starts, d_starts = _starts(q, q_offsets), _starts(d, d_offsets)
         nd = segment_count(d, d_offsets)
+        # ids out of range come with argmax -1 from fwd: clamped only to keep the gathers in bounds
+        pair_q = bounds.clamped_ids(pair_q, segment_count(q, q_offsets))
+        pair_d = bounds.clamped_ids(pair_d, nd)
         g = grad.reshape(pairs).float()
         won_by = argmax.reshape(pairs, width)
         cols = torch.arange(width, device=q.device)
@@ -308,11 +325,14 @@ def ce(scores, targets, scale):
     if rows == 0:
         return logits.new_full((), float("nan")), torch.empty_like(logits)
     t = torch.arange(rows, device=logits.device) if targets is None else targets.long()
+    outside = (t < 0) | (t >= logits.size(1))  # unchecked targets: a NaN loss, nothing read
+    t = t.clamp(0, max(logits.size(1) - 1, 0))
     logp = torch.log_softmax(logits, dim=1)
     loss = -logp.gather(1, t[:, None]).mean()
     grad = logp.exp()
     grad[torch.arange(rows, device=logits.device), t] -= 1.0
-    return loss, grad * (scale / rows)
+    loss = torch.where(outside.any(), float("nan"), loss)
+    return loss, grad.masked_fill_(outside[:, None], float("nan")) * (scale / rows)
 
 
 def contrastive_step(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout,

@@ -10,7 +10,6 @@ from .dispatch import select_ops
 from .layouts import ALLPAIRS
 from .native import _plain_sets, maxsim, padded_sets
 from .quantize import resolve
-from .settings import debug_enabled
 
 
 def contrastive_loss(
@@ -51,8 +50,7 @@ def contrastive_step(
     optimizer directly.
     """
     _check_temperature(temperature)
-    debug = debug_enabled()
-    plain = _plain_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths, debug)
+    plain = _plain_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths)
     if plain is None:
         Q, D = resolve(Q, D)  # gradients are of the dequantized tokens
         plain = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths)
@@ -60,7 +58,7 @@ def contrastive_step(
     qx = q.x
     nq = qx.size(0)
     cols = d.x.size(0) if layout == ALLPAIRS else group
-    targets = _check_targets(targets, D, (nq, cols), qx.device, debug)
+    targets = _check_targets(targets, D, (nq, cols), qx.device)
     loss, dq, dd = select_ops(qx.device, backend).contrastive_step(
         qx, d.x, q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, layout, group,
         qx.size(1), targets, 1.0 / temperature,
@@ -75,9 +73,9 @@ def _check_temperature(temperature):
         raise ValueError(f"temperature: expected a positive finite number, got {temperature!r}")
 
 
-def _check_targets(targets, D, shape, device, debug=None):
-    """``targets`` checked against scores of ``shape``; returned as given (int64 passes as is).
-    ``debug``: :func:`debug_enabled`, when the caller has read it already."""
+def _check_targets(targets, D, shape, device):
+    """``targets`` checked against scores of ``shape`` (their values where they are checked; an
+    unchecked one out of range makes the loss NaN); returned as given (int64 passes as is)."""
     nq, cols = shape
     if targets is None:
         if D.dim() == 4:
@@ -92,7 +90,7 @@ def _check_targets(targets, D, shape, device, debug=None):
             )
     else:
         check.require_index("targets", targets, (nq,), device)  # the op takes either as is
-        if (debug_enabled() if debug is None else debug) and nq:
+        if check.values_checked(targets):
             check.check_range("targets", targets, 0, cols - 1, f"a document index in [0, {cols})")
     if cols == 0 and nq:
         raise ValueError("D: expected at least one document (or candidate) per query, got none")

@@ -12,7 +12,6 @@ from . import validation as check
 from .dispatch import forward, select_ops
 from .layouts import ALLPAIRS, GROUPED, PAIRS
 from .quantize import QuantizedTokens, resolve, scaled_operands
-from .settings import debug_enabled
 from .validation import TokenSet
 
 
@@ -44,13 +43,13 @@ def _op_mask(m, shape, device):
     return None
 
 
-def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=None, codes=False):
+def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, codes=False):
     """:func:`padded_sets` of the most common calls (plain tensors of one float dtype, no
     normalisation, no autocast, int32 document lengths or none, masks as contiguous bool tensors or
     none) without the layers of checks, or None when the call is anything else (the full
     path then checks it and raises what it must). The host work of a small call is its whole time.
-    ``debug``: :func:`debug_enabled`, when the caller has read it already. ``codes``: Q and D are
-    already the kernels' scaled operands (:func:`quantize.scaled_operands` checked their dtypes)."""
+    ``codes``: Q and D are already the kernels' scaled operands (:func:`quantize.scaled_operands`
+    checked their dtypes)."""
     if (
         normalize or q_lengths is not None
         or type(Q) is not torch.Tensor or type(D) is not torch.Tensor
@@ -64,15 +63,16 @@ def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, debug=Non
     ):
         return None
     device = Q.device
-    if D.device != device or (not codes and torch.is_autocast_enabled(device.type)):
+    if D.device != device or (not codes and check.autocast_enabled(device.type)):
         return None
     if d_lengths is not None:
         if (
             type(d_lengths) is not torch.Tensor or d_lengths.dtype != torch.int32
             or d_lengths.device != device or d_lengths.shape != D.shape[: rank - 2]
-            or not d_lengths.is_contiguous() or (debug_enabled() if debug is None else debug)
+            or not d_lengths.is_contiguous()
         ):
             return None
+        check.check_lengths("d_lengths", d_lengths, D.size(-2))
         if rank == 4:
             d_lengths = d_lengths.view(-1)
     if q_mask is not None and _op_mask(q_mask, Q.shape[:2], device) is None:
@@ -129,12 +129,11 @@ def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None,
                 f"got shape {tuple(D.shape)}"
             )
         d_mask = check.mask("d_mask", d_mask, D.shape[:3], D.device)
-        if d_lengths is not None:
-            d_lengths = check.index("d_lengths", d_lengths, tuple(D.shape[:2]), D.device).flatten()
         d = check.padded(
             _normalized(D, normalize).flatten(0, 1),
             lengths=d_lengths,
             lengths_name="d_lengths",
+            lengths_shape=tuple(D.shape[:2]),
             m=None if d_mask is None else d_mask.flatten(0, 1),
             mask_name="d_mask",
         )
@@ -274,7 +273,7 @@ def maxsim_varlen(
                 f"(num_candidates per query), got {docs.count}"
             )
         layout, group = GROUPED, num_candidates
-    max_lq = check.query_width("max_seqlen_q", max_seqlen_q, queries.offsets)
+    max_lq = check.query_width("max_seqlen_q", max_seqlen_q, queries)
     scores, _ = forward(
         queries,
         docs,

@@ -28,6 +28,27 @@ class QuantizedTokens:
     codes: torch.Tensor
     scale: torch.Tensor
 
+    def __post_init__(self):
+        # the kernels read one scale per token: a scale tensor of another shape would be overrun
+        codes, scale = self.codes, self.scale
+        if not isinstance(codes, torch.Tensor) or codes.dtype not in DTYPES.values():
+            raise TypeError(
+                f"codes: expected an int8 or float8_e4m3fn tensor, got "
+                f"{getattr(codes, 'dtype', type(codes).__name__)}"
+            )
+        if not isinstance(scale, torch.Tensor) or not scale.is_floating_point():
+            got = getattr(scale, "dtype", type(scale).__name__)
+            raise TypeError(f"scale: expected a float tensor, got {got}")
+        if codes.dim() < 1 or scale.shape != codes.shape[:-1]:
+            raise ValueError(
+                f"scale: expected shape {list(codes.shape[:-1])} (one per token of codes "
+                f"{list(codes.shape)}), got {list(scale.shape)}"
+            )
+        if scale.device != codes.device:
+            raise ValueError(
+                f"scale: expected device {codes.device} like codes, got {scale.device}"
+            )
+
     @property
     def format(self) -> str:
         return "int8" if self.codes.dtype == torch.int8 else "fp8_e4m3"

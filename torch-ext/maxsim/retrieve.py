@@ -120,6 +120,8 @@ def _two_stage(Q, corpus, top_k, validity, rescore, candidates, chunk_size, back
     """retrieve's scan for ``candidates`` documents per query, then their exact scores.
     ``validity`` is ``(q_mask, d_mask, q_lengths, d_lengths)``."""
     q_mask, d_mask, q_lengths, d_lengths = validity
+    codes = corpus.codes if isinstance(corpus, QuantizedTokens) else corpus
+    check.embeddings("corpus", codes, ("Nd", "Ld", "H"), codes=True)
     rescore = check.embeddings("rescore", rescore, ("Nd", "Ld", "H"))
     queries = Q.dequantize(rescore.dtype) if isinstance(Q, QuantizedTokens) else Q
     queries = check.embeddings("Q", queries, ("Nq", "Lq", "H"))

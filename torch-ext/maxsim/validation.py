@@ -1,8 +1,9 @@
 """Every argument check of the package, in one place.
 
 Checks on shapes, dtypes and devices always run and never read device values. Checks on values
-(offsets, ids, lengths, segment bounds) need a device->host sync, so they run only when
-``MAXSIM_DEBUG=1``. Errors name the argument, what was expected and what came.
+(offsets, ids, lengths, hints, targets) run where reading them is free, on index tensors that live
+on the CPU, and elsewhere only with ``MAXSIM_DEBUG=1`` (a device->host sync); unchecked bad values
+give NaN scores (docs/API.md). Errors name the argument, the bad position and the allowed range.
 """
 
 from typing import NamedTuple, Optional
@@ -14,6 +15,7 @@ from .settings import debug_enabled
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CODE_DTYPES = (torch.int8, torch.float8_e4m3fn)
 INDEX_DTYPES = (torch.int32, torch.int64)
+_INT32 = torch.iinfo(torch.int32)
 
 
 class TokenSet(NamedTuple):
@@ -60,13 +62,27 @@ def embeddings(name: str, x, dims: tuple, *, codes: bool = False) -> torch.Tenso
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def values_checked(t: torch.Tensor) -> bool:
+    """Whether the values of index tensor ``t`` are checked: always on the CPU (reading them is
+    free), elsewhere only with ``MAXSIM_DEBUG=1``; never on ``meta`` nor while torch.compile
+    traces (a check would break the graph)."""
+    if t.device.type == "cpu":
+        return not torch.compiler.is_compiling()
+    return t.device.type != "meta" and debug_enabled()
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """``torch.is_autocast_enabled`` that answers False for ``meta`` (which it rejects)."""
+    return device_type != "meta" and torch.is_autocast_enabled(device_type)
+
+
 def autocast_pair(q, d):
     """Under autocast on the inputs' device, both sides in the autocast dtype (as a matmul would
     be); otherwise unchanged. Scores stay fp32 either way."""
     if not (isinstance(q, torch.Tensor) and isinstance(d, torch.Tensor)):
         return q, d
     device_type = q.device.type
-    if not torch.is_autocast_enabled(device_type):
+    if not autocast_enabled(device_type):
         return q, d
     dtype = torch.get_autocast_dtype(device_type)
     if q.is_floating_point() and q.dtype != dtype:
@@ -112,11 +128,16 @@ def require_index(name: str, t, shape: tuple, device: torch.device) -> None:
 
 def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
     """:func:`require_index`, returned as int32 (no copy when it already is a contiguous int32
-    tensor)."""
+    tensor). int64 values past the int32 range saturate (so they stay out of range) rather than
+    wrap."""
     require_index(name, t, shape, device)
-    if t.dtype == torch.int32 and t.is_contiguous():
-        return t
-    return t.to(torch.int32).contiguous()
+    return _int32(t)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.int32:
+        return t.contiguous()
+    return t.clamp(_INT32.min, _INT32.max).to(torch.int32).contiguous()
 
 
 def mask(name: str, m, shape: tuple, device: torch.device) -> Optional[torch.Tensor]:
@@ -134,17 +155,23 @@ def mask(name: str, m, shape: tuple, device: torch.device) -> Optional[torch.Ten
 
 
 def padded(
-    x: torch.Tensor, *, lengths=None, lengths_name="lengths", m=None, mask_name="mask"
+    x: torch.Tensor, *, lengths=None, lengths_name="lengths", lengths_shape=None, m=None,
+    mask_name="mask",
 ) -> TokenSet:
-    """A padded token set ``x [N, L, H]``, optional prefix ``lengths [N]`` and ``mask [N, L]``."""
+    """A padded token set ``x [N, L, H]``, optional prefix ``lengths`` (of ``lengths_shape``,
+    ``[N]`` by default, e.g. ``[Nq, K]`` for ``N = Nq * K``) and ``mask [N, L]``."""
     n, width = x.shape[:2]
     if lengths is not None:
-        lengths = index(lengths_name, lengths, (n,), x.device)
-        if debug_enabled():
-            check_range(
-                lengths_name, lengths, 0, width, f"a length in [0, {width}] (the padded size)"
-            )
+        require_index(lengths_name, lengths, lengths_shape or (n,), x.device)
+        check_lengths(lengths_name, lengths, width)
+        lengths = _int32(lengths).view(n)
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
+
+
+def check_lengths(name: str, lengths: torch.Tensor, width: int) -> None:
+    """Prefix lengths lie in ``[0, width]``, where their values are checked."""
+    if values_checked(lengths):
+        check_range(name, lengths, 0, width, f"a length in [0, {width}] (the padded size)")
 
 
 def packed(
@@ -157,23 +184,24 @@ def packed(
             f"{offsets_name}: expected 1-D [N+1] with at least one entry, "
             f"got shape {_shape(offsets)}"
         )
-    offsets = index(offsets_name, offsets, tuple(offsets.shape), x.device)
-    if debug_enabled():
+    require_index(offsets_name, offsets, tuple(offsets.shape), x.device)
+    if values_checked(offsets):
         _check_offsets(offsets_name, offsets, x.size(0))
-    return TokenSet(x, offsets=offsets, mask=mask(mask_name, m, (x.size(0),), x.device))
+    return TokenSet(x, offsets=_int32(offsets), mask=mask(mask_name, m, (x.size(0),), x.device))
 
 
 def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device) -> tuple:
-    """Pair lists ``[P]`` each; with ``MAXSIM_DEBUG=1`` also checks they index existing segments."""
+    """Pair lists ``[P]`` each, indexing existing segments (checked where values are)."""
     require_tensor(q_name, pair_q, "of shape [P]")
     if pair_q.dim() != 1:
         raise ValueError(f"{q_name}: expected 1-D [P], got shape {_shape(pair_q)}")
-    pair_q = index(q_name, pair_q, tuple(pair_q.shape), device)
-    pair_d = index(d_name, pair_d, tuple(pair_q.shape), device)
-    if debug_enabled():
+    require_index(q_name, pair_q, tuple(pair_q.shape), device)
+    require_index(d_name, pair_d, tuple(pair_q.shape), device)
+    if values_checked(pair_q):
         check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
+    if values_checked(pair_d):
         check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
-    return pair_q, pair_d
+    return _int32(pair_q), _int32(pair_d)
 
 
 def integer(name: str, value, low: int = 0, high=None) -> int:
@@ -189,42 +217,61 @@ def integer(name: str, value, low: int = 0, high=None) -> int:
     return value
 
 
-def query_width(name: str, value, offsets: torch.Tensor) -> int:
-    """``max_lq`` for packed queries split by ``offsets``: the caller's bound ``value`` (checked in
-    debug mode), else the longest query, read with one device->host sync.
+def query_width(name: str, value, queries: TokenSet) -> int:
+    """``max_lq`` for packed ``queries``: the caller's bound ``value`` (checked where the offsets'
+    values are), else the longest query, read with one device->host sync.
 
-    Kernels size their work by it (and the argmax is that wide), so it must be tight.
+    Kernels size their work by it (and the argmax is that wide); a query longer than it scores
+    NaN where it is not checked.
     """
+    offsets = queries.offsets
     if value is None:
-        return longest_segment(offsets)
-    value = integer(name, value)
-    if debug_enabled() and longest_segment(offsets) > value:
-        raise ValueError(
-            f"{name}: expected at least the longest query ({longest_segment(offsets)}), got {value}"
-        )
+        if offsets.device.type == "meta":
+            raise ValueError(
+                f"{name}: expected an int for tensors on meta (whose values are unknown)"
+            )
+        return longest_segment(offsets, queries.x.size(0))
+    value = integer(name, value, 0, _INT32.max)  # the kernels index in int32
+    if values_checked(offsets) and offsets.size(0) > 1:
+        sizes = offsets[1:] - offsets[:-1]
+        i = int(sizes.argmax())
+        if int(sizes[i]) > value:
+            raise ValueError(
+                f"{name}: expected at least the longest query, got {value} < query {i}'s "
+                f"{int(sizes[i])} tokens"
+            )
     return value
 
 
-def longest_segment(offsets: torch.Tensor) -> int:
-    """Length of the longest segment of ``offsets`` (one device->host sync)."""
-    return int((offsets[1:] - offsets[:-1]).max()) if offsets.size(0) > 1 else 0
+def longest_segment(offsets: torch.Tensor, total: int) -> int:
+    """Length of the longest segment of ``offsets`` over ``total`` tokens (one device->host
+    sync); offsets outside ``[0, total]`` are clamped into it (their segments score NaN)."""
+    if offsets.size(0) < 2:
+        return 0
+    bounded = offsets.clamp(0, total)
+    return int((bounded[1:] - bounded[:-1]).max().clamp(min=0))
 
 
 def check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> None:
-    """1-D ``t`` holds only values in ``[low, high]``."""
-    bad = (t < low) | (t > high)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"{name}: expected {what}, got {name}[{i}] = {int(t[i])}")
+    """``t`` holds only values in ``[low, high]``; the error names the first bad position."""
+    if t.numel() == 0:
+        return
+    smallest, largest = torch.aminmax(t)
+    if int(smallest) >= low and int(largest) <= high:
+        return
+    position = tuple((((t < low) | (t > high)).nonzero()[0]).tolist())
+    at = ", ".join(str(i) for i in position)
+    raise ValueError(f"{name}: expected {what}, got {name}[{at}] = {int(t[position])}")
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
-    first, last = int(offsets[0]), int(offsets[-1])
+    """CSR offsets: ``[0, ..., total]``, non-decreasing."""
+    values = offsets.numpy() if offsets.device.type == "cpu" else offsets  # numpy: fewer us
+    first, last = int(values[0]), int(values[-1])
     if first != 0:
         raise ValueError(f"{name}: expected {name}[0] == 0, got {first}")
-    steps = offsets[1:] < offsets[:-1]
-    if bool(steps.any()):
-        i = int(steps.nonzero()[0, 0])
+    if bool((values[1:] < values[:-1]).any()):
+        i = int((offsets[1:] < offsets[:-1]).nonzero()[0, 0])
         raise ValueError(
             f"{name}: expected non-decreasing offsets, got {name}[{i + 1}] = {int(offsets[i + 1])} "
             f"< {name}[{i}] = {int(offsets[i])}"
