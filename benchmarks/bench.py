@@ -684,6 +684,11 @@ def main(argv=None, extra_impls=None):
         print(f"\nsweeps left out for time ({args.budget_s:.0f}s budget): {', '.join(skipped)}; "
               f"add them with: python benchmarks/bench.py --sweeps")
     print(f"\nwrote {out_path} ({len(rows)} rows, {time.perf_counter() - t_start:.0f}s)")
+    ours_wrong = [f"{r['workload']}/{r['dtype']}/{r['impl']}" for r in rows
+                  if r["impl"].startswith("maxsim") and r["status"] == "wrong"]
+    if ours_wrong:  # the measurements are written all the same; the run fails
+        print(f"maxsim rows outside the correctness gate: {', '.join(ours_wrong)}")
+        return 1
     return 0
 
 

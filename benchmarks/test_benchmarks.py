@@ -1,6 +1,7 @@
 """CPU tests of the benchmark harness and the README renderer (no GPU, no peers needed)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -289,7 +290,10 @@ def test_text_passages_and_cloze_queries():
 
 
 def test_text_data_gives_unit_tokens_and_one_relevant_document():
-    pytest.importorskip("wordllama")
+    if os.environ.get("MAXSIM_TEST_INTEGRATIONS") == "1":  # CI installs it: missing fails
+        import wordllama  # noqa: F401
+    else:
+        pytest.importorskip("wordllama")
     import argparse
 
     import fidelity_data as fd
