@@ -208,7 +208,7 @@ def eight_bit_products(n, device):
     """``{name: product}`` of the 8-bit tensor-core rates: int8 x int8 -> int32 (``_int_mm``) and,
     where the GPU has it, e4m3 x e4m3 -> fp16 (``_scaled_mm``); n x n random codes."""
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
-    b = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
+    b = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device).t()  # column-major
     products = {"int8": lambda: torch._int_mm(a, b)}
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
         fa = torch.randn(n, n, device=device).div_(4).to(torch.float8_e4m3fn)
