@@ -234,7 +234,8 @@ def measure_ceilings(device, smoke):
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16),
+                         ("fp32", torch.float32)):
             a = torch.randn(n, n, device=device, dtype=dt)
             b = torch.randn(n, n, device=device, dtype=dt)
             ms = percentile(time_calls([lambda a=a, b=b: a @ b], device, target_s=0.3), 50)

@@ -310,8 +310,8 @@ def test_text_data_gives_unit_tokens_and_one_relevant_document():
 class DropsLastToken:
     """A deliberately broken MaxSim: each document's last token is left out."""
 
-    name, peer, stand_in, train_path, kinds = "broken", True, False, "fused step", ("rerank", "train")
-    counts_memory = True
+    name, peer, stand_in, counts_memory = "broken", True, False, True
+    kinds = ("rerank", "train")
 
     def unavailable(self):
         return None
