@@ -8,7 +8,8 @@
 Per row: warm-up; one untimed call for peak memory (above what was allocated before it) and
 correctness against a float64 reference on the same cast inputs; then >= 30 timed calls with CUDA
 events, rotating input sets that together exceed the L2; p20/p50/p80. OOM and errors become the
-row's status, never a crash. Results go to bench_results/<gpu>.json (see bench_results/README.md):
+row's status, never a crash; output outside the correctness gate (gates.py) makes the row `wrong`
+(still timed, never a best peer), and the run's exit status 1 when the row is one of maxsim's. Results go to bench_results/<gpu>.json (see bench_results/README.md):
 the unfiltered full run replaces that file, any selection (--only, --sweeps, --dtype, --impl)
 merges its rows into it.
 """
