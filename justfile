@@ -27,6 +27,10 @@ example n:
 build *args:
     {{python}} scripts/build_variant.py {{args}}
 
+# Mutation check: deliberate bugs in the fallback and the argument checks, each must fail a test
+mutants *args:
+    {{python}} scripts/mutants.py {{args}}
+
 # Rewrite the README tables from bench_results/
 render:
     {{python}} benchmarks/render.py

@@ -3,12 +3,13 @@
     python benchmarks/bench.py                      # full matrix (+ sweeps if time allows)
     python benchmarks/bench.py --only rerank,corpus --dtype bf16 --impl maxsim,naive
     python benchmarks/bench.py --sweeps             # only the sweep rows (README plots)
-    python benchmarks/bench.py --smoke              # CPU, tiny shapes, maxsim(torch) + naive
+    python benchmarks/bench.py --smoke              # CPU, tiny shapes, every CPU implementation
 
 Per row: warm-up; one untimed call for peak memory (above what was allocated before it) and
 correctness against a float64 reference on the same cast inputs; then >= 30 timed calls with CUDA
 events, rotating input sets that together exceed the L2; p20/p50/p80. OOM and errors become the
-row's status, never a crash. Results go to bench_results/<gpu>.json (see bench_results/README.md):
+row's status, never a crash; output outside the correctness gate (gates.py) makes the row `wrong`
+(still timed, never a best peer), and the run's exit status 1 when the row is one of maxsim's. Results go to bench_results/<gpu>.json (see bench_results/README.md):
 the unfiltered full run replaces that file, any selection (--only, --sweeps, --dtype, --impl)
 merges its rows into it.
 """
@@ -32,13 +33,15 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from impls import REPO, Maxsim, MaxsimAutograd, MaxsimGraph, Naive  # noqa: E402
+from gates import wrong_reason  # noqa: E402
+from impls import REPO, Maxsim, MaxsimAutograd, MaxsimCompat, MaxsimGraph, Naive, TorchFloor  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, describe, setup  # noqa: E402
 
-SCHEMA = 1
-IMPL_ORDER = ["maxsim", "maxsim-autograd", "maxsim-graph", "naive", "flash-maxsim",
-              "flash-maxsim-fused", "late-interaction-kernels"]
+SCHEMA = 2  # 2: every row carries the commit, GPU and date it was measured at
+ROW_PROVENANCE = ("commit", "dirty", "gpu", "date")
+IMPL_ORDER = ["maxsim", "maxsim-autograd", "maxsim-graph", "maxsim-compat", "torch-floor", "naive",
+              "flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]
 DTYPE_ORDER = ["fp16", "bf16", "fp32"]
 
 
@@ -202,10 +205,25 @@ def free(device):
         torch.cuda.empty_cache()
 
 
+def eight_bit_products(n, device):
+    """``{name: product}`` of the 8-bit tensor-core rates: int8 x int8 -> int32 (``_int_mm``) and,
+    where the GPU has it, e4m3 x e4m3 -> fp16 (``_scaled_mm``); n x n random codes."""
+    a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
+    b = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device).t()  # column-major
+    products = {"int8": lambda: torch._int_mm(a, b)}
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        fa = torch.randn(n, n, device=device).div_(4).to(torch.float8_e4m3fn)
+        fb = torch.randn(n, n, device=device).div_(4).to(torch.float8_e4m3fn).t()  # column-major
+        one = torch.ones((), device=device)
+        products["fp8"] = lambda: torch._scaled_mm(fa, fb, one, one, out_dtype=torch.float16)
+    return products
+
+
 def measure_ceilings(device, smoke):
     """HBM: a large device-to-device copy, bytes read + written. Matmul: n^3 fp16, bf16 and fp32
     products on random data (fp32 in full precision, no TF32: the rate exact fp32 inputs are held
-    to). Medians of 30 timed calls."""
+    to), int8 x int8 (``int8_tops``, the floor of 8-bit x 8-bit rows) and e4m3 x e4m3 where the
+    GPU has it. Medians of 30 timed calls; a product this torch cannot run leaves its rate out."""
     n_bytes = (16 << 20) if smoke else (2 << 30)
     src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -217,7 +235,8 @@ def measure_ceilings(device, smoke):
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16),
+                         ("fp32", torch.float32)):
             a = torch.randn(n, n, device=device, dtype=dt)
             b = torch.randn(n, n, device=device, dtype=dt)
             ms = percentile(time_calls([lambda a=a, b=b: a @ b], device, target_s=0.3), 50)
@@ -226,13 +245,32 @@ def measure_ceilings(device, smoke):
     finally:
         torch.set_float32_matmul_precision(precision)
     free(device)
-    return {f"{name}_tflops": rate for name, rate in rates.items()} | {"hbm_gbps": hbm}
+    out = {f"{name}_tflops": rate for name, rate in rates.items()}
+    for name, product in eight_bit_products(n, device).items():
+        try:
+            ms = percentile(time_calls([product], device, target_s=0.3), 50)
+            out[RATE_KEY.get(name, f"{name}_tflops")] = 2 * n**3 / (ms * 1e-3) / 1e12
+        except (RuntimeError, NotImplementedError) as e:
+            print(f"[warn] no {name} rate: {_short(e)}")
+    free(device)
+    return out | {"hbm_gbps": hbm}
+
+
+RATE_KEY = {"int8": "int8_tops"}  # integer products: tera-operations, not floating point
+
+
+def floor_rate(work, dtype_name, ceil):
+    """The tensor-core rate (per second) that bounds the row: the 8-bit rate for 8-bit x 8-bit
+    rows (``work.rate``), else the row dtype's matmul rate; None when not measured."""
+    name = work.rate or dtype_name
+    rate = ceil.get(RATE_KEY.get(name, f"{name}_tflops"))
+    return rate * 1e12 if rate else None
 
 
 def floor_ms(work, dtype_name, ceil):
     t_mem = work.bytes / (ceil["hbm_gbps"] * 1e9)
-    rate = ceil.get(f"{dtype_name}_tflops")
-    t_flop = work.flops / (rate * 1e12) if rate else 0.0
+    rate = floor_rate(work, dtype_name, ceil)
+    t_flop = work.flops / rate if rate else 0.0
     return max(t_mem, t_flop) * 1e3
 
 
@@ -250,14 +288,17 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def row_skeleton_for(workload, dtype, impl, floor=None):
-    return {"workload": workload, "dtype": dtype, "impl": impl, "status": "ok", "ms_p20": None,
-            "ms_p50": None, "ms_p80": None, "floor_ms": floor, "kernel_ms": None,
+def row_skeleton_for(workload, dtype, impl, floor=None, path=""):
+    return {"workload": workload, "dtype": dtype, "impl": impl, "path": path, "status": "ok",
+            "ms_p20": None, "ms_p50": None, "ms_p80": None, "floor_ms": floor, "kernel_ms": None,
             "launches": None, "peak_mb": None, "rel_err": None, "top10_agree": None, "note": ""}
 
 
 def row_skeleton(case, impl, floor):
-    return row_skeleton_for(case.workload.name, case.dtype_name, impl.name, floor)
+    row = row_skeleton_for(case.workload.name, case.dtype_name, impl.name, floor, impl.path(case))
+    if impl.stand_in:
+        row["stand_in"] = True
+    return row
 
 
 class Prepared:
@@ -313,19 +354,32 @@ def prepare_row(case, impl, ref, floor, device, state) -> Prepared:
         sync(device)
         out, peak = memory_call(fns[0], device)
         row["peak_mb"] = peak if impl.counts_memory else None
-        err, top, cnote = case.kind.check(out, ref)
-        out = None
-        row["rel_err"], row["top10_agree"] = err, top
-        prep.notes.append(cnote)
-        if err is None:
-            row["status"] = "error"
         prep.fns = fns
+        if not impl.stand_in:  # a stand-in is not MaxSim: nothing to check
+            judge(prep, case, out, ref)
+        out = None
     except Exception as e:  # noqa: BLE001 - every failure is recorded in the row
         out = None
         prep.fail(e, case, impl.name, device, state)
     finally:
         free(device)
     return prep
+
+
+def judge(prep, case, out, ref):
+    """Checks one call's output against float64: non-finite output makes the row an ``error``
+    (not timed); output outside the gate (gates.py) makes it ``wrong`` (timed, never a peer)."""
+    row = prep.row
+    err, top, cnote = case.kind.check(out, ref)
+    row["rel_err"], row["top10_agree"] = err, top
+    prep.notes.append(cnote)
+    if err is None:
+        row["status"], prep.fns = "error", None
+        return
+    why = wrong_reason(case.dtype_name, err, top, gradients=case.kind.train)
+    if why:
+        row["status"] = "wrong"
+        prep.notes.insert(0, why)
 
 
 def time_rows(preps, case, device, args, state):
@@ -393,6 +447,7 @@ def write_results(path: Path, header: dict, rows: list, base_rows: list, base: d
     kept, and ``merged_runs`` lists, per later selection, the commit, ceilings and workloads whose
     rows it re-measured, so that every row's provenance stays known."""
     key = lambda r: (r["workload"], r["dtype"], r["impl"])  # noqa: E731
+    rows = [stamped(r, header) for r in rows]
     new = {key(r) for r in rows}
     merged = sorted([r for r in base_rows if key(r) not in new] + rows, key=_order_key)
     doc = dict(header)
@@ -405,7 +460,8 @@ def write_results(path: Path, header: dict, rows: list, base_rows: list, base: d
             if left:
                 runs.append({**run, "workloads": left})
         if names:
-            runs.append({k: header.get(k) for k in ("commit", "dirty", "ceilings")} | {"workloads": names})
+            runs.append({k: header.get(k) for k in ("commit", "dirty", "date", "ceilings")}
+                        | {"workloads": names})
         doc["merged_runs"] = runs
     workloads = dict(header.get("workloads", {}))
     doc["workloads"] = {k: workloads[k] for k in sorted(workloads)}
@@ -414,6 +470,12 @@ def write_results(path: Path, header: dict, rows: list, base_rows: list, base: d
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(_clean(doc), indent=1) + "\n")
     tmp.replace(path)
+
+
+def stamped(row, header):
+    """``row`` with the commit, dirty flag, GPU and date of the run that measured it: rows of
+    several runs share a file, and each keeps its own provenance."""
+    return {**row, **{k: header.get(k) for k in ROW_PROVENANCE}}
 
 
 def fmt(x, spec):
@@ -451,7 +513,7 @@ def parse_args(argv=None):
     ap.add_argument("--impl", help="comma-separated implementation names")
     ap.add_argument("--out", help="output JSON (default bench_results/<gpu>.json)")
     ap.add_argument("--smoke", action="store_true",
-                    help="CPU, tiny shapes, maxsim(backend='torch') and naive only")
+                    help="CPU, tiny shapes, every implementation that runs on the CPU")
     ap.add_argument("--budget-s", type=float, default=390.0,
                     help="a full run starts no sweep workload after this many seconds")
     ap.add_argument("--min-reps", type=int, default=None, help="timed calls per row (>= 30)")
@@ -484,7 +546,9 @@ def select(args):
     return chosen, dtypes, impls
 
 
-def main(argv=None):
+def main(argv=None, extra_impls=None):
+    """``extra_impls``: with ``--smoke``, the implementations to run instead of the CPU set (the
+    tests pass a deliberately broken one)."""
     args = parse_args(argv)
     if args.list:
         for w in REGISTRY:
@@ -504,14 +568,16 @@ def main(argv=None):
     if args.smoke:
         device = torch.device("cpu")
         gpu, l2 = "cpu", 1 << 20
-        impls = [Maxsim(backend="torch"), Naive()]
+        impls = extra_impls or [Maxsim(backend="torch"), MaxsimAutograd(backend="torch"),
+                                MaxsimCompat(backend="torch"), TorchFloor(), Naive()]
     else:
         if not torch.cuda.is_available():
             sys.exit("bench.py needs a CUDA GPU (use --smoke to exercise it on the CPU)")
         device = torch.device("cuda")
         props = torch.cuda.get_device_properties(device)
         gpu, l2 = props.name, getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
-        impls = [Maxsim(), MaxsimAutograd(), MaxsimGraph(), Naive()] + [P() for P in PEERS]
+        impls = [Maxsim(), MaxsimAutograd(), MaxsimGraph(), MaxsimCompat(), TorchFloor(),
+                 Naive()] + [P() for P in PEERS]
     if impl_filter:
         impls = [i for i in impls if i.name in impl_filter]
     usable = []
@@ -542,6 +608,7 @@ def main(argv=None):
     commit, dirty = git_state()
     header = {
         "schema": SCHEMA, "commit": commit, "dirty": dirty, "gpu": gpu,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "torch": torch.__version__, "cuda": torch.version.cuda or "", "triton": triton_version(),
         "ceilings": ceilings,
         "driver": driver_version() if device.type == "cuda" else None,
@@ -550,9 +617,7 @@ def main(argv=None):
     }
     print(f"{gpu} | torch {header['torch']} | CUDA {header['cuda']} | triton {header['triton']} "
           f"| commit {commit[:12]}{' (dirty)' if dirty else ''}")
-    print(f"ceilings: HBM {ceilings['hbm_gbps']:.0f} GB/s, fp16 {ceilings['fp16_tflops']:.0f} "
-          f"TFLOP/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, fp32 {ceilings['fp32_tflops']:.0f} "
-          "TFLOP/s")
+    print("ceilings: " + ", ".join(f"{k} {v:,.0f}" for k, v in ceilings.items()))
 
     rows, workloads_meta, state = [], dict(old_workloads), {}
     skipped = []
@@ -576,6 +641,8 @@ def main(argv=None):
                 floor = floor_ms(case.kind.work(case.params, case.meta, case.dtype), dt, ceilings)
                 preps = []
                 for impl in usable:
+                    if not impl.applies(case):
+                        continue
                     if case.kind.name not in impl.kinds:  # recorded, so every impl has a row
                         rows.append({**row_skeleton(case, impl, floor), "status": "unsupported",
                                      "note": f"{impl.name} covers {', '.join(impl.kinds)} "
@@ -596,7 +663,7 @@ def main(argv=None):
                     print(f"  timed in {time.perf_counter() - t_rows:.1f}s", flush=True)
             except Exception as e:  # noqa: BLE001 - setup or reference failed: record, go on
                 for impl in usable:
-                    if wl.kind in impl.kinds:
+                    if wl.kind in impl.kinds and not impl.stand_in:
                         r = row_skeleton_for(wl.name, dt, impl.name)
                         r.update(status="oom" if is_oom(e) else "error",
                                  note=f"setup failed: {_short(e)}")
@@ -619,6 +686,11 @@ def main(argv=None):
         print(f"\nsweeps left out for time ({args.budget_s:.0f}s budget): {', '.join(skipped)}; "
               f"add them with: python benchmarks/bench.py --sweeps")
     print(f"\nwrote {out_path} ({len(rows)} rows, {time.perf_counter() - t_start:.0f}s)")
+    ours_wrong = [f"{r['workload']}/{r['dtype']}/{r['impl']}" for r in rows
+                  if r["impl"].startswith("maxsim") and r["status"] == "wrong"]
+    if ours_wrong:  # the measurements are written all the same; the run fails
+        print(f"maxsim rows outside the correctness gate: {', '.join(ours_wrong)}")
+        return 1
     return 0
 
 

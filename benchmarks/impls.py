@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from workloads import Case, Unsupported, train_step
+from workloads import Case, Unsupported, floor_scores, train_step
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,6 +24,18 @@ class Impl:
     kinds: tuple = ("rerank", "allpairs", "varlen", "train")
     module = ""  # the package this implementation imports, on first use ("" for none)
     counts_memory = True  # False where the call's memory is held outside the caching allocator
+    stand_in = False  # True: computes something else (a floor of the call's cost), not checked
+    # How a training row gets its gradients: "fused step" (one op, no autograd graph), "autograd",
+    # "graph replay"; ratios compare rows of one path only.
+    train_path = "autograd"
+
+    def applies(self, case: Case) -> bool:
+        """False: this implementation has no row at all for the workload (not even unsupported)."""
+        return True
+
+    def path(self, case: Case) -> str:
+        """How this row computes its result, for like-with-like ratios (see ``train_path``)."""
+        return self.train_path if case.kind.train else "one call"
 
     def _import(self):
         return importlib.import_module(self.module)
@@ -83,6 +95,7 @@ class Maxsim(Impl):
 
     name = "maxsim"
     module = "maxsim"
+    train_path = "fused step"
 
     def __init__(self, backend="auto"):
         self.backend = backend
@@ -133,6 +146,7 @@ class MaxsimAutograd(Maxsim):
 
     name = "maxsim-autograd"
     kinds = ("train",)
+    train_path = "autograd"
 
     def bind(self, case, s):
         if case.kind.name != "train":
@@ -151,6 +165,7 @@ class MaxsimGraph(Maxsim):
     name = "maxsim-graph"
     kinds = ("train",)
     counts_memory = False
+    train_path = "graph replay"
 
     def note(self, case):
         return "replays a captured CUDA graph"
@@ -176,3 +191,48 @@ class MaxsimGraph(Maxsim):
             return out
         return replay
 
+
+
+class MaxsimCompat(Maxsim):
+    """The compatibility surface's ``score_candidates_padded(Q, D, query_lengths, doc_lengths)``
+    on the rows that measure a call's host cost (``host_floor``), next to ``maxsim``."""
+
+    name = "maxsim-compat"
+    kinds = ("rerank",)
+
+    def applies(self, case):
+        return case.workload.host_floor and case.kind.name in self.kinds
+
+    def bind(self, case, s):
+        if "D_codes" in s or case.params.get("holes"):
+            raise Unsupported("score_candidates_padded takes float tokens and prefix lengths")
+        M, Q, D = self.mod, s["Q"], s["D"]
+        q_len = Q.new_full((Q.size(0),), Q.size(1), dtype=case.meta["d_len"].dtype)
+        d_len, b = case.meta["d_len"], self.backend
+        return lambda: M.score_candidates_padded(Q, D, q_len, d_len, backend=b)
+
+
+class TorchFloor(Impl):
+    """A stand-in, not MaxSim: what one PyTorch call of one kernel costs on the same inputs, the
+    floor of a call's host cost. Inference rows: one batched matmul giving scores of MaxSim's
+    shape (workloads.floor_scores); training rows: the same step (cross-entropy, autograd) with
+    those scores. Only on workloads marked ``host_floor``."""
+
+    name = "torch-floor"
+    kinds = ("rerank", "allpairs", "train")
+    stand_in = True
+
+    def applies(self, case):
+        return case.workload.host_floor and case.kind.name in self.kinds
+
+    def note(self, case):
+        return "stand-in: scores from one matmul (not MaxSim), not checked"
+
+    def bind(self, case, s):
+        if "D_codes" in s:
+            raise Unsupported("float tokens only")
+        Q, D = s["Q"], s["D"]
+        if case.kind.train:
+            t = case.meta["targets"]
+            return lambda: train_step(lambda: floor_scores(Q, D), Q, D, t)
+        return lambda: floor_scores(Q, D)

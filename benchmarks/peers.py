@@ -49,6 +49,9 @@ class FlashMaxsim(_Peer):
     module = "flash_maxsim"
     dist = "flash-maxsim"
 
+    def path(self, case):
+        return "per-query loop" if case.params.get("quant") else super().path(case)
+
     def bind(self, case, s):
         fm, meta, kind = self.mod, case.meta, case.kind.name
         if case.params.get("holes"):
@@ -108,6 +111,7 @@ class FlashMaxsimFused(_Peer):
     module = "flash_maxsim.flash_maxsim_contrastive"
     dist = "flash-maxsim"
     kinds = ("train",)
+    train_path = "fused step"
 
     def bind(self, case, s):
         p, meta = case.params, case.meta
@@ -150,6 +154,10 @@ class LateInteractionKernels(_Peer):
     name = "late-interaction-kernels"
     module = "late_interaction_kernels"
     dist = "late-interaction-kernels"
+
+    def path(self, case):
+        loop = case.params.get("quant") and case.kind.name == "rerank"
+        return "per-query loop" if loop else super().path(case)
 
     def bind(self, case, s):
         lik, meta, kind = self.mod, case.meta, case.kind.name

@@ -19,11 +19,14 @@ import re
 import sys
 from pathlib import Path
 
+from gates import gate_row
+
 REPO = Path(__file__).resolve().parent.parent
 START, END = "<!-- BENCH:START -->", "<!-- BENCH:END -->"
 FIDELITY = ("<!-- FIDELITY:START -->", "<!-- FIDELITY:END -->")
 FIDELITY_FILE = "quant_fidelity.json"
-OURS, NAIVE = "maxsim", "naive"
+OURS, NAIVE, FLOOR = "maxsim", "naive", "torch-floor"
+BASELINES = (NAIVE, FLOOR)  # never a peer: the plain PyTorch baseline and the host-cost stand-in
 SWEEP_RE = re.compile(r"^(rerank_ld|train_mem_b)(\d+)$")
 
 
@@ -36,8 +39,9 @@ class RenderError(Exception):
 # ----------------------------------------------------------------------------------------------
 
 
-def load_results(results_dir: Path) -> list[tuple[str, dict]]:
-    out = []
+def load_results(results_dir: Path, refused: list | None = None) -> list[tuple[str, dict]]:
+    """The bench.py files of ``results_dir`` (others skipped), through :func:`load_results_from`."""
+    docs = []
     for path in sorted(results_dir.glob("*.json")):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
@@ -46,11 +50,32 @@ def load_results(results_dir: Path) -> list[tuple[str, dict]]:
             continue
         if "schema" not in doc:
             continue  # another tool's output (e.g. pylate_step.py), not a bench.py file
-        if doc.get("schema") != 1 or not isinstance(doc.get("rows"), list):
-            print(f"[warn] skipping {path}: schema {doc.get('schema')!r}, expected 1",
+        if doc.get("schema") not in (1, 2) or not isinstance(doc.get("rows"), list):
+            print(f"[warn] skipping {path}: schema {doc.get('schema')!r}, expected 2",
                   file=sys.stderr)
             continue
-        out.append((path.stem, doc))
+        docs.append((path.stem, doc))
+    return load_results_from(docs, refused)
+
+
+def load_results_from(docs, refused: list | None = None) -> list[tuple[str, dict]]:
+    """``(name, doc)`` pairs with their rows gated (gates.py). Rows that do not carry the commit
+    and GPU they were measured at are not rendered; a file left without rows goes to ``refused``
+    as (file name, why)."""
+    out = []
+    for name, doc in docs:
+        rows = [r for r in doc["rows"] if r.get("commit") and r.get("gpu")]
+        if len(rows) < len(doc["rows"]):
+            why = (f"{len(doc['rows']) - len(rows)} rows without the commit and GPU they were "
+                   "measured at")
+            print(f"[warn] {name}.json: {why}, not rendered", file=sys.stderr)
+            if not rows and refused is not None:
+                refused.append((f"{name}.json", why))
+        if rows:
+            train = {n for n, m in (doc.get("workloads") or {}).items() if m.get("kind") == "train"}
+            gated = [gate_row(r, gradients=r["workload"] in train or r.get("top10_agree") is None)
+                     for r in rows]
+            out.append((name, {**doc, "rows": gated}))
     return out
 
 
@@ -69,6 +94,40 @@ def _index(doc) -> dict:
 
 def _ok(r) -> bool:
     return bool(r) and r.get("status") == "ok" and bool(r.get("ms_p50"))
+
+
+_TRAIN_PATHS = {"flash-maxsim-fused": "fused step", OURS: "fused step",
+                OURS + "-graph": "graph replay"}
+
+
+def row_path(doc, r) -> str:
+    """How the row computes its result ("one call", "per-query loop", "fused step", "autograd",
+    "graph replay"): its own ``path``, or for rows written before paths were recorded, what
+    the implementation's entry point for that workload is (bench_results/README.md)."""
+    if r.get("path"):
+        return r["path"]
+    meta = _wl_meta(doc, r["workload"])
+    if meta.get("kind") == "train":
+        return _TRAIN_PATHS.get(r["impl"], "autograd")
+    looped = meta.get("quant") and (r["impl"] == "flash-maxsim" or (
+        r["impl"] == "late-interaction-kernels" and meta.get("kind") == "rerank"))
+    return "per-query loop" if looped else "one call"
+
+
+def best_peer(doc, idx, wl, dt, peers, path=None, field="ms_p50"):
+    """(time, name, path) of the fastest ``ok`` peer row, of ``path`` only when given; None."""
+    timed = [(idx[(wl, dt, p)][field], p, row_path(doc, idx[(wl, dt, p)])) for p in peers
+             if _ok(idx.get((wl, dt, p))) and idx[(wl, dt, p)].get(field)]
+    timed = [t for t in timed if path is None or t[2] == path]
+    return min(timed) if timed else None
+
+
+def peer_cell(best, ours_value, ours_path) -> str:
+    """"1.40× flash-maxsim", with the peer's path where it differs from ours."""
+    if best is None:
+        return "–"
+    value, name, path = best
+    return f"{f_x(value / ours_value)} {name}" + (f" ({path})" if path != ours_path else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,7 +184,7 @@ def header_line(doc) -> str:
     for k in ("fp16", "bf16", "fp32"):
         if c.get(f"{k}_tflops"):
             parts.append(f"{k} matmul {c[f'{k}_tflops']:,.0f} TFLOP/s")
-    line = " · ".join(parts)
+    line = " · ".join(parts) + "<br>" + provenance_line(doc)
     for run in doc.get("merged_runs", []):  # later selections merged into the full run
         rc = run.get("ceilings") or {}
         names = ", ".join(f"`{w}`" for w in run["workloads"])
@@ -136,17 +195,29 @@ def header_line(doc) -> str:
     return line
 
 
+def provenance_line(doc) -> str:
+    """The commits (and dates) the rendered rows were measured at, newest first, with counts."""
+    runs = {}
+    for r in doc["rows"]:
+        key = (r.get("date") or "?", str(r["commit"])[:10] + (" (dirty)" if r.get("dirty") else ""))
+        runs[key] = runs.get(key, 0) + 1
+    return "rows measured at " + ", ".join(
+        f"`{commit}` {date} ({n} rows)" for (date, commit), n in sorted(runs.items(), reverse=True))
+
+
 PEER_ORDER = ["flash-maxsim", "flash-maxsim-fused", "late-interaction-kernels"]
 
 
 def _peers(doc) -> list[str]:
-    # Our own variants (maxsim-*) are never a peer.
-    names = {r["impl"] for r in doc["rows"] if not r["impl"].startswith(OURS)} - {NAIVE}
+    # Our own variants (maxsim-*) and the baselines are never a peer.
+    names = {r["impl"] for r in doc["rows"] if not r["impl"].startswith(OURS)} - set(BASELINES)
     rank = lambda n: (PEER_ORDER.index(n) if n in PEER_ORDER else len(PEER_ORDER), n)  # noqa: E731
     return sorted(names, key=rank)
 
 
 def main_table(doc) -> list[str]:
+    """One line per (workload, dtype); a training workload has two, the fused step (``maxsim``)
+    and the autograd step (``maxsim-autograd``), each against the best peer of the same path."""
     idx, peers = _index(doc), _peers(doc)
     keys = []
     for r in doc["rows"]:
@@ -159,34 +230,39 @@ def main_table(doc) -> list[str]:
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for wl, dt in keys:
-        ours = idx.get((wl, dt, OURS))
-        shape = _wl_meta(doc, wl).get("shape", "")
-        if not ours:
-            continue
-        if not _ok(ours):
-            lines.append(f"| {wl} | {shape} | {dt} | {ours['status']} | | | | | | | | |")
-            continue
-        ms = ours["ms_p50"]
-        nv = idx.get((wl, dt, NAIVE))
-        if _ok(nv):
-            x_naive = f_x(nv["ms_p50"] / ms)
-        else:
-            x_naive = f"naive {nv['status']}" if nv else "–"
-        ok_peers = [(idx[(wl, dt, p)]["ms_p50"], p) for p in peers if _ok(idx.get((wl, dt, p)))]
-        if ok_peers:
-            best_ms, best = min(ok_peers)
-            x_peer = f"{f_x(best_ms / ms)} {best}"
-        else:
-            x_peer = "–"
-        fl = ours.get("floor_ms")
-        x_floor = f"{f_x(ms / fl)} ({f_pct(100 * fl / ms)})" if fl else "–"
-        lines.append(f"| {wl} | {shape} | {dt} | {f_ms(ms)} | {x_naive} | {x_peer} | {x_floor} "
-                     f"| {_kernel_cells(ours, idx, wl, dt, peers)} "
-                     f"| {f_mb(ours.get('peak_mb'))} | {f_err(ours.get('rel_err'))} |")
+        for impl in (OURS, OURS + "-autograd"):
+            ours = idx.get((wl, dt, impl))
+            if ours and (impl == OURS or ours.get("status") != "unsupported"):
+                lines.append(_main_line(doc, idx, peers, ours))
     return lines
 
 
-def _kernel_cells(ours, idx, wl, dt, peers) -> str:
+def _main_line(doc, idx, peers, ours) -> str:
+    wl, dt = ours["workload"], ours["dtype"]
+    shape = _wl_meta(doc, wl).get("shape", "")
+    path = row_path(doc, ours)
+    label = f"{wl} · {path}" if _wl_meta(doc, wl).get("kind") == "train" else wl
+    if not _ok(ours):
+        return f"| {label} | {shape} | {dt} | {ours['status']} | | | | | | | | |"
+    ms = ours["ms_p50"]
+    nv = idx.get((wl, dt, NAIVE))
+    if _ok(nv):
+        x_naive = f_x(nv["ms_p50"] / ms)
+    else:
+        x_naive = f"naive {nv['status']}" if nv else "–"
+    # Training steps against the same path only; inference rows against any, its path named.
+    same = path if path in ("fused step", "autograd") else None
+    x_peer = peer_cell(best_peer(doc, idx, wl, dt, peers, same), ms, path)
+    if same and x_peer == "–":
+        x_peer = f"– (no {path} peer)"
+    fl = ours.get("floor_ms")
+    x_floor = f"{f_x(ms / fl)} ({f_pct(100 * fl / ms)})" if fl else "–"
+    return (f"| {label} | {shape} | {dt} | {f_ms(ms)} | {x_naive} | {x_peer} | {x_floor} "
+            f"| {_kernel_cells(doc, ours, idx, peers, same, path)} "
+            f"| {f_mb(ours.get('peak_mb'))} | {f_err(ours.get('rel_err'))} |")
+
+
+def _kernel_cells(doc, ours, idx, peers, same, path) -> str:
     """Kernel time (host work left out), its floor multiple and the best peer's kernel time over
     ours; dashes for rows measured before kernel times were recorded."""
     k = ours.get("kernel_ms")
@@ -194,12 +270,33 @@ def _kernel_cells(ours, idx, wl, dt, peers) -> str:
         return "– | – | –"
     fl = ours.get("floor_ms")
     x_floor = f_x(k / fl) if fl else "–"
-    timed = [(idx[(wl, dt, p)]["kernel_ms"], p) for p in peers
-             if _ok(idx.get((wl, dt, p))) and idx[(wl, dt, p)].get("kernel_ms")]
-    if not timed:
-        return f"{f_ms(k)} | {x_floor} | –"
-    best_ms, best = min(timed)
-    return f"{f_ms(k)} | {x_floor} | {f_x(best_ms / k)} {best}"
+    best = best_peer(doc, idx, ours["workload"], ours["dtype"], peers, same, "kernel_ms")
+    return f"{f_ms(k)} | {x_floor} | {peer_cell(best, k, path)}"
+
+
+def host_cost_table(doc) -> list[str]:
+    """The workloads timed next to the torch-floor stand-in: what a call costs above one PyTorch
+    call of one kernel on the same inputs (back-to-back times)."""
+    idx = _index(doc)
+    keys = [(r["workload"], r["dtype"]) for r in doc["rows"] if r["impl"] == FLOOR and _ok(r)]
+    if not keys:
+        return []
+    ours = [i for i in (OURS, OURS + "-compat", OURS + "-autograd")
+            if any((wl, dt, i) in idx for wl, dt in keys)]
+    lines = ["| workload | dtype | torch-floor ms | " + " | ".join(
+        f"{i} ms (− floor, µs)" for i in ours) + " | best peer ms |",
+             "| --- | --- | ---: | " + " | ".join("---:" for _ in ours) + " | ---: |"]
+    for wl, dt in keys:
+        floor = idx[(wl, dt, FLOOR)]["ms_p50"]
+        cells = []
+        for i in ours:
+            r = idx.get((wl, dt, i))
+            cells.append(f"{f_ms(r['ms_p50'])} ({1e3 * (r['ms_p50'] - floor):+.1f})" if _ok(r)
+                         else (r["status"] if r else ""))
+        best = best_peer(doc, idx, wl, dt, _peers(doc))
+        peer = f"{f_ms(best[0])} {best[1]}" if best else "–"
+        lines.append(f"| {wl} | {dt} | {f_ms(floor)} | " + " | ".join(cells) + f" | {peer} |")
+    return lines
 
 
 def _ours(doc) -> list[str]:
@@ -209,7 +306,8 @@ def _ours(doc) -> list[str]:
 
 def all_impls_table(doc) -> list[str]:
     idx = _index(doc)
-    impls = _ours(doc) + [NAIVE] + _peers(doc)
+    present = {r["impl"] for r in doc["rows"]}
+    impls = _ours(doc) + [b for b in BASELINES if b in present] + _peers(doc)
     keys = []
     for r in doc["rows"]:
         if (r["workload"], r["dtype"]) not in keys:
@@ -375,7 +473,7 @@ def plot_train_mem(doc, gpu):
 # ----------------------------------------------------------------------------------------------
 
 
-def render(results, docs_dir: Path, readme_dir: Path) -> tuple[str, dict[Path, bytes]]:
+def render(results, docs_dir: Path, readme_dir: Path, refused=()) -> tuple[str, dict[Path, bytes]]:
     """Markdown for between the markers, and the PNG files it embeds."""
     files: dict[Path, bytes] = {}
     out = [
@@ -390,17 +488,28 @@ def render(results, docs_dir: Path, readme_dir: Path) -> tuple[str, dict[Path, b
         "reference. maxsim's training rows run `contrastive_step` (loss and gradients from one "
         "op); `maxsim-autograd` is the same step as `maxsim()` + `F.cross_entropy` + autograd; "
         "`maxsim-graph` replays the `contrastive_step` captured in a CUDA graph (no host launch "
-        "work; its memory sits in the graph's pool, so no peak MB). "
-        "Method and columns: `bench_results/README.md`._",
+        "work; its memory sits in the graph's pool, so no peak MB). A training workload has a "
+        "line per path (`fused step`: `maxsim`; `autograd`: `maxsim-autograd`), each against the "
+        "best peer of the same path; an inference row names a peer's path where it is not one "
+        "call. A row whose output fails the correctness gate (`bench_results/README.md`) is "
+        "`wrong` and never a best peer. Method and columns: `bench_results/README.md`._",
         "",
     ]
     if not results:
         out += ["No results yet: run `just bench` on a GPU, then `just render`.", ""]
+    for name, why in refused:
+        out += [f"_Not rendered: `bench_results/{name}` ({why}); re-measure it with "
+                "`python benchmarks/bench.py`._", ""]
     for slug, doc in results:
         gpu = doc.get("gpu", slug)
         out += [f"### {gpu}", "", header_line(doc), ""]
         out += main_table(doc)
         out.append("")
+        host = host_cost_table(doc)
+        if host:
+            out += ["Host cost of a call: back-to-back time per call next to `torch-floor`, one "
+                    "PyTorch call of one kernel on the same inputs (a stand-in, not MaxSim; "
+                    "training: the same step with scores from one matmul).", ""] + host + [""]
         rel = Path(os.path.relpath(docs_dir, readme_dir)).as_posix()
         if rerank_series(doc):
             name = f"bench-{slug}-rerank-ld.png"
@@ -481,7 +590,9 @@ def main(argv=None) -> int:
     except (RenderError, json.JSONDecodeError, KeyError, TypeError) as e:
         print(f"error: {args.readme}: {e}", file=sys.stderr)
         return 2
-    section, files = render(load_results(args.results), args.docs, args.readme.parent)
+    refused = []
+    results = load_results(args.results, refused)
+    section, files = render(results, args.docs, args.readme.parent, refused)
     changed = [p for p, data in sorted(files.items()) if _write_if_changed(p, data)]
     text = splice(text, section)
     if fidelity is not None:

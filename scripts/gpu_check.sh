@@ -11,7 +11,8 @@
 # wheels in .whl/pylate/ (PyLate and what it needs beyond the machine's packages, colpali-engine)
 # into /tmp/integ and runs those integration tests plus the PyLate training-step timing. The
 # benchmark takes its commit from MAXSIM_COMMIT / MAXSIM_DIRTY when set (a copied tree's .git
-# may be stale).
+# may be stale). The exit status is non-zero when any stage's test run, check, benchmark or
+# sanitizer failed, whatever pipes its output goes through.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim_out}
@@ -25,36 +26,54 @@ export PYTHONPATH="torch-ext${PYTHONPATH:+:$PYTHONPATH}"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(check test bench)
 status=0
+# Call right after a pipeline: fails the run when its first command failed (the tee / tail /
+# grep after it only shape the log).
+ran() {
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "::: $stage: $1 failed (exit $rc)"
+    status=1
+  fi
+}
 for stage in "${stages[@]}"; do
   echo "::: $stage"
   start=$SECONDS
   case "$stage" in
-    check) python3 scripts/gpu_check.py 2>&1 | grep -v "^  ok" | tee "$OUT/check.log" ;;
+    check) python3 scripts/gpu_check.py 2>&1 | grep -v "^  ok" | tee "$OUT/check.log"; ran "gpu_check.py" ;;
     test)
       python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/test_integrations_pylate.py \
-        --ignore=tests/test_integrations_colpali.py 2>&1 | tail -n 30 | tee "$OUT/pytest.log" ;;
+        --ignore=tests/test_integrations_colpali.py 2>&1 | tail -n 30 | tee "$OUT/pytest.log"
+      ran "pytest" ;;
     integ)
+      # The integration tests must run here: a library that does not import is a failure.
+      export MAXSIM_TEST_INTEGRATIONS=1
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/integ .whl/pylate/*.whl
+      ran "installing .whl/pylate"
       PYTHONPATH="/tmp/integ:$PYTHONPATH" python3 -m pytest -q -p no:cacheprovider \
         tests/test_integrations_pylate.py tests/test_integrations_colpali.py 2>&1 | tail -n 15 \
         | tee "$OUT/integ.log"
+      ran "PyLate and colpali-engine tests"
       python3 -m pytest -q -p no:cacheprovider tests/test_integrations_sentence_transformers.py \
         2>&1 | tail -n 5 | tee -a "$OUT/integ.log"
+      ran "sentence-transformers tests"
       PYTHONPATH="/tmp/integ:$PYTHONPATH" python3 benchmarks/pylate_step.py \
-        --out "$OUT/pylate_step.json" 2>&1 | tail -n 6 | tee -a "$OUT/integ.log" ;;
+        --out "$OUT/pylate_step.json" 2>&1 | tail -n 6 | tee -a "$OUT/integ.log"
+      ran "pylate_step.py" ;;
     bench)
       # BENCH_ARGS selects rows (e.g. "--only train_small"); a selection merges into
       # $OUT/bench.json, so copy bench_results/<gpu>.json there first to keep the other rows.
       # shellcheck disable=SC2086
       python3 benchmarks/bench.py --out "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tail -n 80 \
-        | tee "$OUT/bench.log" ;;
-    hub) python3 scripts/hub_check.py --build 2>&1 | grep -v "warning" | tail -n 20 | tee "$OUT/hub.log" ;;
-    profile) python3 benchmarks/call_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" ;;
+        | tee "$OUT/bench.log"
+      ran "bench.py" ;;
+    hub) python3 scripts/hub_check.py --build 2>&1 | grep -v "warning" | tail -n 20 | tee "$OUT/hub.log"; ran "hub_check.py" ;;
+    profile) python3 benchmarks/call_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"; ran "call_profile.py" ;;
     ncu)
       ncu --target-processes all -k regex:"fwd_tc|bwd_" --launch-count 6 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
         python3 scripts/gpu_check.py --profile-run > "$OUT/ncu.txt" 2>&1
+      ran "ncu"
       grep -E "fwd_tc|bwd_|Duration|Throughput|Achieved Occupancy|Warp Cycles Per Issued" \
         "$OUT/ncu.txt" | head -n 80
       # Per-instruction counts of the first two forward kernels: where the instructions go.
@@ -71,22 +90,24 @@ for stage in "${stages[@]}"; do
         | head -n 120 ;;
     sanitize)
       python3 scripts/sanitize_cases.py > /dev/null  # builds the extension outside the tools
+      ran "sanitize_cases.py"
       # memcheck also runs the malformed calls of the fuzz corpus (index tensors on the GPU)
       compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
         --fuzz 2>&1 | grep -E "MISMATCH|CONTEXT|fuzz:|Invalid|Program hit|ERROR SUMMARY|done" \
         | tail -n 40 | tee -a "$OUT/sanitize.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ran "compute-sanitizer --tool memcheck"
       compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
-        2>&1 | tail -n 4 | tee -a "$OUT/sanitize.log" ;;
+        2>&1 | tail -n 4 | tee -a "$OUT/sanitize.log"
+      ran "compute-sanitizer --tool racecheck" ;;
     fuzz)
       # the fuzz corpus without the tools: bad values give NaN, then with MAXSIM_DEBUG=1 errors
       python3 scripts/sanitize_cases.py --only-fuzz 2>&1 | tail -n 30 | tee "$OUT/fuzz.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ran "fuzz corpus"
       MAXSIM_DEBUG=1 python3 scripts/sanitize_cases.py --only-fuzz 2>&1 | tail -n 30 \
-        | tee -a "$OUT/fuzz.log" ;;
+        | tee -a "$OUT/fuzz.log"
+      ran "fuzz corpus (MAXSIM_DEBUG=1)" ;;
     *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz)"; status=2 ;;
   esac
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "::: $stage took $((SECONDS - start)) s"
 done
 exit $status

@@ -6,6 +6,8 @@ in [-1, 1], exact in every dtype, so every backend must match the float64 refere
 exact ties included) and ``normal`` values (compared by relative norm).
 """
 
+import importlib
+import os
 import zlib
 
 import maxsim
@@ -74,6 +76,15 @@ DEVICES = [
     ),
 ]
 TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def import_or_skip(name):
+    """``pytest.importorskip(name)``, except with ``MAXSIM_TEST_INTEGRATIONS=1`` (CI, and the
+    ``integ`` stage of scripts/gpu_check.sh), which installs the optional libraries: there a
+    library that does not import fails the test instead of skipping it."""
+    if os.environ.get("MAXSIM_TEST_INTEGRATIONS") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
 
 
 def unpatched_around_each_test(integration, scores_backend_env=None):

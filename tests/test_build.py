@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import import_or_skip
 from maxsim import _ops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def test_variant_name_follows_the_kernels_rules():
 
 
 def test_variant_name_parses_with_kernels():
-    variants = pytest.importorskip("kernels.variants")
+    variants = import_or_skip("kernels.variants")
     variant = variants.parse_variant(build_variant.variant_name(torch_like("13.0")))
     running = torch.__version__.split("+")[0].split(".")[:2]
     assert str(variant.framework.version) == ".".join(running)
@@ -94,7 +95,7 @@ def test_layout_of_a_variant(tmp_path):
     assert "def add_op_namespace_prefix" in ops_py and "def load_cuda_ops" in ops_py
     meta = json.loads((variant / "metadata.json").read_text())
     assert meta["backend"]["archs"] == ["8.0", "9.0a", "9.0+PTX"]
-    rust = pytest.importorskip("kernels._rust")
+    rust = import_or_skip("kernels._rust")
     assert rust.Metadata.read_from_file(variant / "metadata.json").id == name
 
 

@@ -146,6 +146,28 @@ def test_fp32_is_exact_fp32_not_tf32():
     assert_close_rel(scores, ref, 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_long_documents_are_exact(dtype):
+    """Documents of up to 8192 tokens on grid values: scores and argmax equal float64 bit for bit
+    (the products and their sums are exact in fp32), and planted tokens win at each document's
+    first, middle and last valid position, so a kernel that skips any one token fails."""
+    lq, ld, h = 31, 8192, 128
+    Q = values((3, lq, h), dtype, DEVICE, "grid")
+    D = values((3, ld, h), dtype, DEVICE, "grid")
+    d_len = torch.tensor([ld, ld - 1, 4099], device=DEVICE)
+    spots = torch.stack([torch.zeros_like(d_len), d_len // 2, d_len - 1])  # [where, document]
+    for where in range(3):
+        for j in range(3):  # twice the query token: the largest product by far
+            D[j, spots[where, j]] = 2 * Q[where, j]
+    d_mask = random_mask((3, ld), DEVICE, keep=0.9)
+    d_mask[torch.arange(3, device=DEVICE)[None].expand(3, 3), spots] = True
+    for kwargs in (dict(d_lengths=d_len), dict(d_lengths=d_len, d_mask=d_mask)):
+        got = maxsim.maxsim_with_argmax(Q, D, backend="cuda", **kwargs)
+        assert_exact(*got, *reference_fwd(Q, D, **kwargs))
+        planted = got[1][torch.arange(3)[:, None], torch.arange(3)[None], torch.arange(3)[None]]
+        assert torch.equal(planted, spots.to(torch.int32)), "a planted winner was skipped"
+
+
 def masked_argmax_is_a_maximum(sim, valid, argmax, tol):
     """``sim [..., Lq, Ld]`` float64, ``valid [..., Ld]``: the kernel's argmax is a valid token
     whose similarity is the maximum up to rounding, and never the later copy of a tied token."""

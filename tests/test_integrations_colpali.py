@@ -5,8 +5,9 @@ import warnings
 
 import pytest
 import torch
+from conftest import import_or_skip
 
-pytest.importorskip("colpali_engine")
+import_or_skip("colpali_engine")
 
 import maxsim  # noqa: E402
 from colpali_engine import loss as colpali_losses  # noqa: E402

@@ -4,9 +4,10 @@ import importlib.metadata
 
 import pytest
 import torch
+from conftest import import_or_skip
 
-pytest.importorskip("pylate")
-pytest.importorskip("transformers")
+import_or_skip("pylate")
+import_or_skip("transformers")
 
 import maxsim  # noqa: E402
 import pylate.evaluation.colbert_triplet  # noqa: E402

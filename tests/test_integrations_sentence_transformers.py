@@ -5,8 +5,9 @@ import importlib.metadata
 
 import pytest
 import torch
+from conftest import import_or_skip
 
-st_package = pytest.importorskip("sentence_transformers")
+st_package = import_or_skip("sentence_transformers")
 
 from conftest import DEVICES, TOL, unpatched_around_each_test  # noqa: E402
 from maxsim.integrations import UnsupportedVersionError  # noqa: E402
