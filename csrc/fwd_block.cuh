@@ -13,7 +13,12 @@ namespace maxsim {
 // valid column so that its empty maxima get written), columns below `cols` valid.
 struct TileSpan {
   int tiles, cols;
+  bool ok;  // the document's id, offsets and length were in range (else its scores are NaN)
 };
+
+// What a query row of the tile contributes (TileBlock::row_ok): nothing (padding, masked or past
+// the batch), its max, or NaN (its query is out of range: a bad id, length or offsets).
+enum RowFlag : uint8_t { kRowSkip = 0, kRowValid = 1, kRowNaN = 2 };
 
 template <typename T_, typename DT_, Tile kTile, bool kArgmax_, int kDim_>
 struct TileBlock : TileConfig<T_, DT_, kTile> {
@@ -42,7 +47,8 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   DElem* d_s;
   float *red_v, *row_val, *row_scale, *scale_s;
   int* red_i;
-  bool *row_ok, *mask_s;
+  uint8_t* row_ok;  // RowFlag per query row
+  bool* mask_s;
   uint64_t* full;  // [STAGES] mbarriers of the wgmma tile's TMA loads
   const int tid, lane, warp, warp_m, warp_n;
   const bool d_tma;  // TMA boxes of 16-bit rows (MainLoop::kWgmma)
@@ -62,7 +68,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
         d_tma(params.d_tma), qtile(blockIdx.x % g.q_tiles), chunk(blockIdx.x / g.q_tiles),
         mt(qtile % g.m_tiles), num_q(params.q.count), num_d(params.d.count),
         rpq(g.qpb > 1 ? params.q.pad_len : BM), t0(mt * BM),
-        items(params.pairs, params.d.count, g, qtile, chunk) {
+        items(params.pairs, params.q.count, params.d.count, g, qtile, chunk) {
     const SmemLayout s = Cfg::smem(dim());
     q_s = reinterpret_cast<T*>(raw + s.q);
     d_s = reinterpret_cast<DElem*>(raw + s.d);
@@ -71,7 +77,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
     row_val = reinterpret_cast<float*>(raw + s.row_val);
     row_scale = reinterpret_cast<float*>(raw + s.row_scale);
     scale_s = reinterpret_cast<float*>(raw + s.scale);
-    row_ok = reinterpret_cast<bool*>(raw + s.row_ok);
+    row_ok = raw + s.row_ok;
     mask_s = reinterpret_cast<bool*>(raw + s.mask);
     full = reinterpret_cast<uint64_t*>(raw + s.full);
     qg = static_cast<const T*>(params.q.data);
@@ -99,7 +105,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
     return kWgT && kCodes && d_chunks() == 8 ? c ^ ((r & 1) * 4) : c;
   }
   __device__ static __forceinline__ TileSpan span_of(const Segment& g) {
-    return TileSpan{max(1, (g.len + BN - 1) / BN), g.len};
+    return TileSpan{max(1, (g.len + BN - 1) / BN), g.len, g.ok};
   }
   __device__ __forceinline__ TileSpan doc_span(int item) const {
     return span_of(segment_of(p.d, items.doc(item)));

@@ -67,14 +67,17 @@ struct Epilogue {
     }
   }
 
-  // Row r's term of its query's sum (0 for padding and rows with no valid column); writes its
-  // argmax when asked.
-  __device__ __forceinline__ float row_term(int item, int r, bool in_q, int qi, int t, float v, int i) const {
+  // Row r's term of its query's sum (0 for padding and rows with no valid column, NaN where the
+  // query or the document is out of range); writes its argmax (-1 for those) when asked.
+  __device__ __forceinline__ float row_term(int item, bool doc_ok, int r, bool in_q, int qi, int t,
+                                            float v, int i) const {
     const FwdParams& p = b.p;
-    const bool valid = b.row_ok[r];
+    const uint8_t flag = b.row_ok[r];
+    const bool valid = flag == kRowValid && doc_ok;
     if constexpr (kArgmax) {
-      if (in_q && qi < b.num_q && t < p.max_lq) p.argmax[b.items.out(item, qi) * p.max_lq + t] = valid ? i : -1;
+      if (in_q && b.items.writes(qi) && t < p.max_lq) p.argmax[b.items.out(item, qi) * p.max_lq + t] = valid ? i : -1;
     }
+    if (flag == kRowNaN || !doc_ok) return NAN;
     const bool found = kArgmax ? i >= 0 : v != -INFINITY;
     return valid && found ? v * b.row_scale[r] : 0.f;
   }
@@ -84,7 +87,7 @@ struct Epilogue {
     const FwdParams& p = b.p;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (b.lane == 0 && qi < b.num_q) {
+    if (b.lane == 0 && b.items.writes(qi)) {
       const int64_t out = b.items.out(item, qi);
       if (b.grid.m_tiles > 1) p.partial[int64_t(b.mt) * p.pairs.num_pairs + out] = s;
       else p.scores[out] = s;
@@ -97,6 +100,7 @@ struct Epilogue {
     acc.reset();
     __syncthreads();
     const int qfirst = b.query_of_rows();
+    const bool doc_ok = b.c_span.ok;  // the span of `item`: the cursor moves on after this
     if (BM == 32 && b.grid.qpb == 1) {
       // One query's 32 rows, one per lane of warp 0: the sum stays in registers, in the order
       // of the general path below, with no second barrier (red_v is next written after the
@@ -105,7 +109,7 @@ struct Epilogue {
         float v;
         int i;
         merged(b.lane, v, i);
-        write_sum(item, qfirst, row_term(item, b.lane, true, qfirst, b.t0 + b.lane, v, i));
+        write_sum(item, qfirst, row_term(item, doc_ok, b.lane, true, qfirst, b.t0 + b.lane, v, i));
       }
       return;
     }
@@ -114,7 +118,7 @@ struct Epilogue {
       int i;
       merged(r, v, i);
       const int ql = r / b.rpq;
-      b.row_val[r] = row_term(item, r, ql < b.grid.qpb, qfirst + ql, b.t0 + r % b.rpq, v, i);
+      b.row_val[r] = row_term(item, doc_ok, r, ql < b.grid.qpb, qfirst + ql, b.t0 + r % b.rpq, v, i);
     }
     __syncthreads();
     for (int ql = b.warp; ql < b.grid.qpb; ql += B::WM * B::WN) {

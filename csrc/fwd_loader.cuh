@@ -82,20 +82,24 @@ struct StageLoader {
     }
   }
 
-  // Which query rows count, and their scales: read in the epilogue only, so at the start they
-  // are looked up after the first copies are issued.
+  // Which query rows count (RowFlag), and their scales: read in the epilogue only, so at the
+  // start they are looked up after the first copies are issued.
   __device__ __forceinline__ void load_row_flags(int qfirst) {
     const FwdParams& p = b.p;
     for (int r = b.tid; r < BM; r += kThreads) {
       const int ql = r / b.rpq, t = b.t0 + r % b.rpq, qi = qfirst + ql;
-      bool valid = false;
+      uint8_t flag = kRowSkip;
       float scale = 1.f;
-      if (ql < b.grid.qpb && qi < b.num_q) {
+      if (ql < b.grid.qpb && b.items.writes(qi)) {
         const Segment g = segment_of(p.q, qi);
-        valid = row_valid(p.q, g, t);
-        if (valid && p.q_scale != nullptr) scale = p.q_scale[g.first_row + t];
+        if (!query_ok(p.q, g, p.max_lq)) {
+          flag = kRowNaN;
+        } else if (row_valid(p.q, g, t)) {
+          flag = kRowValid;
+          if (p.q_scale != nullptr) scale = p.q_scale[g.first_row + t];
+        }
       }
-      b.row_ok[r] = valid;
+      b.row_ok[r] = flag;
       b.row_scale[r] = scale;
     }
   }
@@ -198,9 +202,11 @@ struct StageLoader {
   // STAGES - 1 tiles, then the row flags.
   __device__ __forceinline__ void start() {
     const FwdParams& p = b.p;
-    if (early) copy_rows(0, b.items.doc(b.items.begin), 0, 0, p.d.pad_len);
+    const int doc0 = b.items.doc(b.items.begin);
+    // Only an id in range: its padded rows are the document's own, whatever its length.
+    if (early && doc0 >= 0 && doc0 < p.d.count) copy_rows(0, doc0, 0, 0, p.d.pad_len);
     p_item = b.items.begin;
-    p_seg = segment_of(p.d, b.items.doc(p_item));
+    p_seg = segment_of(p.d, doc0);
     p_tile = 0;
     // The first query rows are copied after the first document's segment is looked up (its
     // length load then runs alongside) and before the first stage is requested (same group).

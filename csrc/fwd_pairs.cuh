@@ -54,12 +54,13 @@ __device__ __forceinline__ auto with_pair_items(Layout layout, F&& f) {
 // and item -> score maps.
 struct BlockItems {
   const PairMap& pm;
-  int num_d;
+  int num_d, num_q;
   int begin, end;  // items [begin, end)
   int q0;          // first query of the row tile (explicit pairs: the query of the first item)
 
-  __device__ __forceinline__ BlockItems(const PairMap& m, int nd, const FwdGrid& g, int qtile, int chunk)
-      : pm(m), num_d(nd) {
+  __device__ __forceinline__ BlockItems(const PairMap& m, int nq, int nd, const FwdGrid& g, int qtile,
+                                        int chunk)
+      : pm(m), num_d(nd), num_q(nq) {
     begin = chunk * g.docs_per_block;
     end = min(with_pair_items(m.layout, [&](auto items) { return items.count(m, nd); }),
               begin + g.docs_per_block);
@@ -71,6 +72,9 @@ struct BlockItems {
     });
   }
   __device__ __forceinline__ bool empty() const { return begin >= end; }
+  // Whether query qi's rows have a score to write: explicit pairs always (an id out of range is
+  // a NaN score), the other layouts for queries of the batch (not a tile's padding).
+  __device__ __forceinline__ bool writes(int qi) const { return pm.layout == kPairs || qi < num_q; }
   __device__ __forceinline__ int doc(int it) const {
     return with_pair_items(pm.layout, [&](auto items) { return items.doc(pm, q0, it); });
   }

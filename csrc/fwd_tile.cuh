@@ -141,7 +141,7 @@ struct TileConfig : TileShape<kTile, DT> {
     take(s.row_val, size_t(BM) * sizeof(float));                 // rows' terms of the sum
     take(s.row_scale, size_t(BM) * sizeof(float));               // rows' scales (1 without)
     take(s.scale, kScaled ? size_t(STAGES) * BN * sizeof(float) : 0);  // tokens' scales
-    take(s.row_ok, size_t(BM) * sizeof(bool));                   // rows that count
+    take(s.row_ok, size_t(BM) * sizeof(uint8_t));                // rows that count (RowFlag)
     take(s.mask, size_t(STAGES) * BN * sizeof(bool));            // tokens that count
     at = (at + 7) / 8 * 8;                                       // mbarriers are 8-byte aligned
     take(s.full, S::kLoop == MainLoop::kWgmma ? size_t(STAGES) * 8 : 0);  // TMA stage barriers

@@ -124,9 +124,9 @@ __device__ __forceinline__ void warp_tile_max(float (&acc)[2][4][4], const float
 }
 
 // The query rows (32 of them) in the order the codes' fragments take their dims, zero past the
-// query; its row flags and scales.
+// query; its row flags and scales. Returns whether the query is in range (else its scores are NaN).
 template <typename T, int kLdq, int kThreads>
-__device__ __forceinline__ void warp_load_query(const FwdParams& p, int q0, T* q_s, bool* row_ok,
+__device__ __forceinline__ bool warp_load_query(const FwdParams& p, int q0, T* q_s, bool* row_ok,
                                                 float* row_scale) {
   const T* qg = static_cast<const T*>(p.q.data);
   const Segment qseg = segment_of(p.q, q0);
@@ -142,6 +142,7 @@ __device__ __forceinline__ void warp_load_query(const FwdParams& p, int q0, T* q
     row_ok[tid] = valid;
     row_scale[tid] = valid && p.q_scale != nullptr ? p.q_scale[qseg.first_row + tid] : 1.f;
   }
+  return query_ok(p.q, qseg, p.max_lq);
 }
 
 // A document's row maxima from this warp's tiles joined to its slots (slot[row]) in shared memory.
@@ -158,10 +159,12 @@ __device__ __forceinline__ void warp_publish(const float (&best)[2][2], int* slo
 }
 
 // Each document's score: its row maxima (no valid column: -inf, a zero term) times the row
-// scales, summed over the valid query rows; one warp per document.
+// scales, summed over the valid query rows; one warp per document. NaN where the query or the
+// document is out of range (lane i's doc_ok: document i's).
 template <int W>
 __device__ __forceinline__ void warp_write_scores(const FwdParams& p, const int* slot, const bool* row_ok,
-                                                  const float* row_scale, int q0, int item_begin, int n_docs) {
+                                                  const float* row_scale, int q0, int item_begin, int n_docs,
+                                                  bool q_ok, bool doc_ok) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const PairMap& pm = p.pairs;
   const bool grouped = pm.layout == kGrouped;
@@ -170,8 +173,10 @@ __device__ __forceinline__ void warp_write_scores(const FwdParams& p, const int*
     float s = row_ok[lane] && v != -INFINITY ? v * row_scale[lane] : 0.f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    const bool ok = q_ok && __shfl_sync(0xffffffffu, doc_ok, i);
     if (lane == 0) {
       const int it = item_begin + i;
+      if (!ok) s = NAN;
       p.scores[grouped ? int64_t(q0) * pm.group + it : int64_t(q0) * p.d.count + it] = s;
     }
   }
@@ -203,12 +208,14 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // length, its first tile's number), so that its first copies go out before the block's barrier.
   int64_t doc_base = 0, doc_first = 0;
   int doc_len = 0, tiles = 0;
+  bool doc_ok = true;  // lane i: document i's id, offsets and length in range
   if (lane < n_docs) {
     const int doc = grouped ? q0 * pm.group + item_begin + lane : item_begin + lane;
     const Segment g = segment_of(p.d, doc);
     doc_base = row_elem(p.d, doc, g.first_row, 0);
     doc_first = g.first_row;
     doc_len = g.len;
+    doc_ok = g.ok;
     tiles = (g.len + Cfg::kCols - 1) / Cfg::kCols;
   }
   int doc_end = tiles;  // one past the document's last tile
@@ -274,7 +281,7 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     issue(s);
   }
 
-  warp_load_query<T, kLdq, Cfg::kThreads>(p, q0, q_s, row_ok, row_scale);
+  const bool q_ok = warp_load_query<T, kLdq, Cfg::kThreads>(p, q0, q_s, row_ok, row_scale);
   for (int i = tid; i < n_docs * Cfg::kRows; i += Cfg::kThreads) slot[i] = max_key(-INFINITY);
   __syncthreads();
 
@@ -315,7 +322,7 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  warp_write_scores<W>(p, slot, row_ok, row_scale, q0, item_begin, n_docs);
+  warp_write_scores<W>(p, slot, row_ok, row_scale, q0, item_begin, n_docs, q_ok, doc_ok);
 #endif
 }
 
