@@ -48,6 +48,14 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
   }
 }
 
+// Query qi's row t as an argmax entry's source, or null where the query is out of range (an id,
+// length or offsets; a packed query past max_lq) or t is past its rows: that entry adds nothing.
+template <typename T>
+__device__ __forceinline__ const T* query_row(const BwdParams& p, const T* qg, int qi, int t) {
+  const Segment g = segment_of(p.q, qi);
+  return query_ok(p.q, g, p.max_lq) && t < g.rows ? qg + row_elem(p.q, qi, g.first_row, t) : nullptr;
+}
+
 constexpr int kBwdThreads = 128;
 constexpr int kBwdWarps = kBwdThreads / 32;
 
@@ -201,6 +209,7 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
     ce = ce_shared;
   }
   const Segment gq = segment_of(p.q, i);
+  const bool q_ok = query_ok(p.q, gq, p.max_lq);  // else its rows get no gradient
   const int t_end = min(gq.rows, p.max_lq);
   if (t_base >= t_end) return;  // the whole block is past the query
   const bool active = t < t_end;
@@ -229,7 +238,7 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
           for (int u = 0; u < kStageBatch; ++u) {
             const int kk = kk0 + u * kPairsPerPass;
             a[u] = -1;
-            if (kk < n && tt < t_end) {
+            if (kk < n && tt < t_end && q_ok) {
               o[u] = query_pair_out(p, i, k0 + kk);
               a[u] = p.argmax[o[u] * p.max_lq + tt];
               if constexpr (kCe) g[u] = ce_grad(p.ce, ce, k0 + kk, p.ce.scores[o[u]]);
@@ -243,10 +252,12 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
             int64_t at = -1;
             if (a[u] >= 0) {
               const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o[u]));
-              at = row_elem(p.d, j, segment_of(p.d, j).first_row, a[u]);
+              const Segment gd = segment_of(p.d, j);
+              // An argmax past the document's valid tokens (or a document out of range): none.
+              if (a[u] < gd.len) at = row_elem(p.d, j, gd.first_row, a[u]);
             }
             staged_row[kk][ww] = at;
-            staged_g[kk][ww] = a[u] >= 0 ? g[u] : 0.f;
+            staged_g[kk][ww] = at >= 0 ? g[u] : 0.f;
           }
         }
         __syncthreads();
@@ -327,7 +338,7 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
         const int kk = e / p.max_lq;
         const int64_t o = doc_pair_out(p, j, pr.begin + kk);
         const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
-        my_src = qg + row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
+        my_src = query_row(p, qg, qi, e - kk * p.max_lq);  // null: no gradient
         my_g = p.grad[o];
         my_dst = staged[x] + shift;
       }
@@ -387,7 +398,8 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
         const int x = x0 + lane;
         const int a = x < n ? staged[x] : -1;
         const int rr = a + shift;
-        const bool mine = a >= 0 && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
+        // An argmax past the document's valid tokens adds nothing (nor to another document).
+        const bool mine = a >= 0 && a < gd.len && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
         const unsigned hits = __ballot_sync(0xffffffffu, mine);
         if (mine) my_queue[queued + __popc(hits & ((1u << lane) - 1))] = x;
         queued += __popc(hits);

@@ -37,13 +37,16 @@ __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdPara
   const int span = max(1, entries / ranges + (entries % ranges != 0));  // entries per range
   const int64_t base = doc_entry_base(p, j, pr);
   const int64_t first_row = int64_t(j) * rows;
+  const int len = segment_of(p.d, j).len;  // 0 for a length out of range
   for (int x = tid; x < ranges * rows; x += kSortThreads) cnt[x] = 0;
   __syncthreads();
 
+  // An entry's winning row, or -1 (none, or past the document's valid tokens: no gradient).
   auto entry = [&](int e) -> int {
     const int kk = e / p.max_lq;
     const int64_t o = doc_pair_out(p, j, pr.begin + kk);
-    return p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
+    const int a = p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
+    return a < len ? a : -1;
   };
   // 1. counts per (range, row); integer counts are order-free
   for (int e0 = 0; e0 < entries; e0 += kSortPrefetch * kSortThreads) {
@@ -151,7 +154,8 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dd_rows_kernel(const BwdPa
         const int kk = e / p.max_lq;
         const int64_t o = doc_pair_out(p, j, pairs_of_doc(p, j).begin + kk);
         const int qi = pair_query(p.pairs, p.d.count, static_cast<int>(o));
-        at = row_elem(p.q, qi, segment_of(p.q, qi).first_row, e - kk * p.max_lq);
+        const T* src = query_row(p, qg, qi, e - kk * p.max_lq);
+        at = src != nullptr ? src - qg : -1;
         g = p.grad[o];
       }
       __syncwarp();  // the previous entries are consumed

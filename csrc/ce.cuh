@@ -11,7 +11,7 @@ namespace maxsim {
 struct CeRow {
   float lse;
   int64_t target;
-  bool target_ok;  // in [0, cols); otherwise the row's loss and gradient are NaN
+  bool target_ok;  // in [0, cols); otherwise the row's loss is NaN and its gradient 0
 };
 
 // One warp computes row `row`'s log-sum-exp (lanes over columns, a fixed shuffle tree); every
@@ -34,7 +34,7 @@ __device__ __forceinline__ CeRow ce_row(const CeParams& p, int row, int lane) {
 __device__ __forceinline__ float ce_grad(const CeParams& p, const CeRow& r, int64_t j, float s) {
   const float g = __fdiv_rn(p.scale, static_cast<float>(p.rows));
   const float soft = expf(__fmaf_rn(s, p.scale, -r.lse));
-  return r.target_ok ? __fmul_rn(__fsub_rn(soft, j == r.target ? 1.f : 0.f), g) : NAN;
+  return r.target_ok ? __fmul_rn(__fsub_rn(soft, j == r.target ? 1.f : 0.f), g) : 0.f;
 }
 
 // A warp writes row `row`'s loss and gradient.

@@ -94,9 +94,9 @@ struct TileDims {
 };
 TileDims tile_dims(Tile t) {
   TileDims d;
-  if (t == Tile::kWarp) return {32, 32};
+  if (t == Tile::kWarpStream) return {32, 32};
   with_tile(t, [&](auto tag) {
-    d = {TileShape<decltype(tag)::value>::BM, TileShape<decltype(tag)::value>::BN};
+    d = {TileShape<decltype(tag)::value, Plain>::BM, TileShape<decltype(tag)::value, Plain>::BN};
   });
   return d;
 }
@@ -142,122 +142,127 @@ size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
 Tile fitting_tile(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   while (tile != Tile::kSimt && tile_smem(tile, p, dtype) > size_t(dev.max_smem)) {
     switch (tile) {
-      case Tile::kLarge: tile = Tile::kMedium; break;
-      case Tile::kMedium: tile = Tile::kSmall; break;
+      case Tile::kMmaBlock: tile = Tile::kMmaSplit; break;
+      case Tile::kMmaSplit: tile = Tile::kMmaStream; break;
       default: tile = Tile::kSimt; break;
     }
   }
   return tile;
 }
 
+bool fits(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  return tile_smem(tile, p, dtype) <= size_t(dev.max_smem);
+}
+
 // Documents whose codes the kernel turns into 16-bit operands; everything else (int8 x int8 rows
 // included: fp16 pairs of codes) is laid out as 16-bit rows.
 bool byte_rows(const FwdParams& p) { return p.codes == Codes::kInt8 || p.codes == Codes::kE4m3; }
 
+// The tiles whose blocks own 128 query rows: compute-bound, sized by waves of blocks.
+bool block_tile(Tile t) { return t == Tile::kMmaBlock || t == Tile::kWgmmaBlock || t == Tile::kWgmmaCodes; }
+
+// Whether the tensor cores take the call: 16-bit queries on sm_80+, 16-byte rows of at most 256
+// dims (codes: whole 16-byte copies of 16 dims).
+bool tensor_cores_take(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  const bool bytes = byte_rows(p);
+  return dtype != DType::kF32 && dev.sm >= 80 && p.dim % (bytes ? 16 : 8) == 0 && p.dim <= 256 &&
+         aligned16(p.q) && aligned16(p.d, bytes ? 16 : 8);
+}
+
+// The mma.sync tile by query rows (lq), and how many short queries share its rows.
+Tile row_tile(const FwdParams& p, int lq, int& qpb) {
+  qpb = 1;
+  // Several short padded queries of an all-pairs batch fill one 128-row tile.
+  if (p.pairs.layout == kAllPairs && p.q.offsets == nullptr && p.dim <= 128 && lq <= 64 &&
+      int64_t(p.q.count) * lq >= 128) {
+    qpb = 128 / lq;
+    return Tile::kMmaBlock;
+  }
+  if (lq > 64 && p.dim <= 128) return Tile::kMmaBlock;  // long queries: the compute-bound tile
+  if (lq > 32) return Tile::kMmaSplit;                  // 33..64 rows (or long ones of D > 128)
+  return Tile::kMmaStream;                              // one short query streaming documents
+}
+
+// Hopper's form of an mma.sync tile, where its shared memory fits.
+Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype, const DeviceInfo& dev) {
+  if (dev.sm != 90) return tile;
+  const bool bytes = byte_rows(p);
+  if (tile == Tile::kMmaBlock) {
+    // wgmma needs whole 64-dim swizzle atoms (at most two) and a query tile that stays (not
+    // explicit pairs), and enough document tiles (>= ~32 per SM) to keep two blocks streaming.
+    const Tile wg = bytes ? Tile::kWgmmaCodes : Tile::kWgmmaBlock;
+    if ((p.dim != 64 && p.dim != 128) || p.pairs.layout == kPairs || !fits(wg, p, dtype, dev)) return tile;
+    const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
+    return int64_t(grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32 ? wg : tile;
+  }
+  if (tile != Tile::kMmaStream) return tile;
+  // Padded documents of 512+ tokens: a deeper queue (16-bit) or 16 KB tiles of codes pay there.
+  const bool long_padded = p.d.offsets == nullptr && p.d.pad_len >= 512;
+  Tile t = tile;
+  // 16-bit documents of whole 64-dim atoms: the transposed wgmma reads the query from shared
+  // memory once per tile instead of re-loading it by ldmatrix.
+  if (p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128)) t = long_padded ? Tile::kWgmmaDeepStream : Tile::kWgmmaStream;
+  else if (bytes && p.dim <= 128 && long_padded) t = Tile::kMmaCodeStream;
+  return fits(t, p, dtype, dev) ? t : tile;
+}
+
+// 8-bit codes of ColBERT / ColPali dims against one short query on Hopper, scores only: warps
+// of their own over 32-token tiles beat the block tiles (explicit pairs and argmax keep those).
+bool warp_stream_takes(const FwdParams& p, Tile tile, int lq, DType dtype, const DeviceInfo& dev) {
+  return !block_tile(tile) && byte_rows(p) && dev.sm == 90 && p.dim == 128 && lq <= 32 &&
+         p.pairs.layout != kPairs && p.argmax == nullptr && fits(Tile::kWarpStream, p, dtype, dev);
+}
+
+// Documents per block and the block count, for a plan whose tile and row tiles are chosen.
+void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  FwdGrid& g = plan.grid;
+  const int items = std::max(1, num_items(p));
+  const int64_t units = int64_t(g.q_tiles) * items;
+  if (plan.tile == Tile::kWarpStream) {
+    // One wave of blocks of up to 32 documents (its document table is a lane per document).
+    const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
+    g.docs_per_block = static_cast<int>(std::min<int64_t>(32, (units + slots - 1) / slots));
+  } else if (!block_tile(plan.tile) && g.m_tiles == 1) {
+    // Streaming short queries (memory-bound): under two waves of resident blocks, one wave (a
+    // block's pipeline runs on from one document into the next); past that, one document per
+    // block (a new block's loads overlap the one before's epilogue), more past ~8 waves.
+    // 8-bit documents always run one wave: a block's fixed cost is large next to their bytes.
+    const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
+    const bool one_wave = p.codes != Codes::kNone || units < 2 * slots;
+    const int64_t per_block = one_wave ? (units + slots - 1) / slots : units / (8 * slots);
+    g.docs_per_block = static_cast<int>(std::max<int64_t>(1, per_block));
+  } else {
+    // Compute-bound: about eight blocks per SM, so the tail is short and every SM streams; the
+    // wgmma tiles go to 16 where each block still gets 16+ documents.
+    const int64_t target = int64_t(dev.num_sms) * 8;
+    int64_t chunks = std::max<int64_t>(1, target / std::max(1, g.q_tiles));
+    if (plan.tile == Tile::kWgmmaBlock || plan.tile == Tile::kWgmmaCodes)
+      chunks = std::max(chunks, std::min<int64_t>(2 * chunks, items / 16));
+    g.docs_per_block = static_cast<int>((items + chunks - 1) / chunks);
+  }
+  const int64_t n_chunks = (items + g.docs_per_block - 1) / g.docs_per_block;
+  plan.blocks = static_cast<int>(n_chunks * g.q_tiles);
+}
+
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
-  const bool bytes = byte_rows(p);
-  // Codes need 16-dim rows (one 16-byte copy); the binding only sends them where this holds.
-  const int dim_step = bytes ? 16 : 8;
-  const bool tc = dtype != DType::kF32 && dev.sm >= 80 && p.dim % dim_step == 0 && p.dim <= 256 &&
-                  aligned16(p.q) && aligned16(p.d, bytes ? 16 : 8);
-  if (!tc) return plan;
+  if (!tensor_cores_take(p, dtype, dev)) return plan;
   const int lq = std::max(1, query_rows(p));
-  const bool padded_q = p.q.offsets == nullptr;
-  if (p.pairs.layout == kAllPairs && padded_q && p.dim <= 128 && lq <= 64 &&
-      int64_t(p.q.count) * lq >= 128) {
-    plan.tile = Tile::kLarge;
-    plan.grid.qpb = 128 / lq;  // several short queries share one row tile
-  } else if (lq > 64 && p.dim <= 128) {
-    plan.tile = Tile::kLarge;
-  } else if (lq > 32) {
-    plan.tile = Tile::kMedium;
-  } else {
-    plan.tile = Tile::kSmall;
-  }
-  plan.tile = fitting_tile(plan.tile, p, dtype, dev);
+  plan.tile = fitting_tile(row_tile(p, lq, plan.grid.qpb), p, dtype, dev);
   if (plan.tile == Tile::kSimt) return Plan{};
-  if (plan.tile != Tile::kLarge) plan.grid.qpb = 1;  // several queries per tile: 128 rows only
+  if (plan.tile != Tile::kMmaBlock) plan.grid.qpb = 1;  // several queries per tile: 128 rows only
   const int bm = tile_dims(plan.tile).rows;
   plan.grid.m_tiles = plan.grid.qpb > 1 ? 1 : (lq + bm - 1) / bm;
-  switch (p.pairs.layout) {
+  switch (p.pairs.layout) {  // row tiles: query groups x row slices (explicit pairs: slices only)
     case kAllPairs:
       plan.grid.q_tiles = (p.q.count + plan.grid.qpb - 1) / plan.grid.qpb * plan.grid.m_tiles;
       break;
     case kGrouped: plan.grid.q_tiles = p.q.count * plan.grid.m_tiles; break;
     default: plan.grid.q_tiles = plan.grid.m_tiles; break;
   }
-  // Hopper runs the 128-row tile on wgmma: dims of whole 64-wide swizzle atoms (at most two), a
-  // query tile that stays (all-pairs and grouped layouts), and enough document tiles to keep its
-  // two resident blocks per SM streaming (>= ~32 per SM).
-  if (plan.tile == Tile::kLarge && dev.sm == 90 && (p.dim == 64 || p.dim == 128) &&
-      p.pairs.layout != kPairs && tile_smem(Tile::kWide, p, dtype) <= size_t(dev.max_smem)) {
-    const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
-    if (int64_t(plan.grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32) plan.tile = Tile::kWide;
-  }
-  // On Hopper the 32-row tile of 16-bit documents runs transposed on wgmma (kSlim): no ldmatrix
-  // re-reading the query for every tile (kernel time, H100, ragged: rerank 25.9 -> 24.3 us,
-  // rerank_heavy 59.7 -> 55.6, varlen 55.7 -> 52.4). Padded documents of 512+ tokens take it with
-  // four stages (kStream), against the 8-warp 32 x 128 mma.sync tile they took before
-  // (rerank_colpali 57.7-58.4 -> 57.2-57.4 us, 320 such documents 28.6-28.8 -> 26.9-27.1);
-  // shorter ones lose by the deeper stages (fewer resident blocks: rerank 24.6 -> 27.2).
-  // 8-bit codes of such documents stream 128-row tiles of codes (kStream's 8-bit shape), shorter
-  // ones stay on kSmall.
-  if (plan.tile == Tile::kSmall && dev.sm == 90) {
-    const bool long_padded = p.d.offsets == nullptr && p.d.pad_len >= 512;
-    Tile t = Tile::kSmall;
-    if (p.codes == Codes::kNone && (p.dim == 64 || p.dim == 128)) t = long_padded ? Tile::kStream : Tile::kSlim;
-    else if (bytes && p.dim <= 128 && long_padded) t = Tile::kStream;
-    if (t != Tile::kSmall && tile_smem(t, p, dtype) <= size_t(dev.max_smem)) plan.tile = t;
-  }
-  const int items = std::max(1, num_items(p));
-  // 8-bit codes of ColBERT / ColPali dims against one short query on Hopper, scores only:
-  // warps of their own over 32-token tiles (kWarp), in one wave of blocks of up to 32 documents
-  // (its document table is a lane per document). Queries by pairs, and argmax, keep the tiles.
-  if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && bytes && dev.sm == 90 && p.dim == 128 &&
-      lq <= 32 && p.pairs.layout != kPairs && p.argmax == nullptr &&
-      tile_smem(Tile::kWarp, p, dtype) <= size_t(dev.max_smem)) {
-    plan.tile = Tile::kWarp;
-    const int64_t slots = int64_t(dev.num_sms) * resident(Tile::kWarp, p, dtype);
-    const int64_t units = int64_t(plan.grid.q_tiles) * items;
-    plan.grid.docs_per_block = static_cast<int>(std::min<int64_t>(32, (units + slots - 1) / slots));
-    const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
-    plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);
-    return plan;
-  }
-  if (plan.tile != Tile::kLarge && plan.tile != Tile::kWide && plan.grid.m_tiles == 1) {
-    // Streaming short queries (memory-bound): with fewer units than two waves of resident
-    // blocks, one wave of blocks of ceil(units / slots) documents each (a block's pipeline runs
-    // on from one document into the next, and no block starts after the first ones end); with
-    // more, blocks of one document each (a new block's loads overlap the epilogue of the one it
-    // follows), several per block past ~8 waves. Kernel time, H100, ragged, us: 800 documents
-    // of Ld 128 / 256 / 384 (Lq 32) 15.1 / 24.8 / 31.5 -> 12.8 / 19.2 / 26.8, 384 of Ld 256
-    // 16.3 -> 12.1, against the column slices (merged by a second kernel) that such documents
-    // took before; the slices' one win was 32 documents of 448 tokens (9.2 against 9.4 us).
-    // 8-bit documents always run one wave: a block's fixed cost (pipeline fill, query load,
-    // epilogue) is large next to their half-size bytes (ragged rerank_heavy_int8 51.8 -> 43.4
-    // us, fp8 56.6 -> 49.3), while 16-bit documents past two waves lose by it (ragged
-    // rerank_heavy 59.6 -> 69.9 us).
-    const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
-    const int64_t units = int64_t(plan.grid.q_tiles) * items;
-    const bool one_wave = p.codes != Codes::kNone || units < 2 * slots;
-    const int64_t per_block = one_wave ? (units + slots - 1) / slots : units / (8 * slots);
-    plan.grid.docs_per_block = static_cast<int>(std::max<int64_t>(1, per_block));
-    const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
-    plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);
-    return plan;
-  }
-  // Enough blocks for several waves, so that the tail is short and every SM streams. The wgmma
-  // tile goes to 16 blocks per SM where each still gets 16+ documents (a block's query load and
-  // pipeline fill stay small beside them): ragged corpus 2.13 -> 2.03 ms, while all pairs of 128
-  // documents (8 per block) lost 2% (kernel time, H100).
-  const int64_t target = int64_t(dev.num_sms) * 8;
-  int64_t chunks = std::max<int64_t>(1, target / std::max(1, plan.grid.q_tiles));
-  if (plan.tile == Tile::kWide)
-    chunks = std::max(chunks, std::min<int64_t>(2 * chunks, items / 16));
-  plan.grid.docs_per_block = static_cast<int>((items + chunks - 1) / chunks);
-  const int64_t n_chunks = (items + plan.grid.docs_per_block - 1) / plan.grid.docs_per_block;
-  plan.blocks = static_cast<int>(n_chunks * plan.grid.q_tiles);
+  plan.tile = hopper_tile(plan.tile, p, plan.grid, dtype, dev);
+  if (warp_stream_takes(p, plan.tile, lq, dtype, dev)) plan.tile = Tile::kWarpStream;
+  size_grid(plan, p, dtype, dev);
   return plan;
 }
 
@@ -325,7 +330,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     if (argmax) launch_simt<true>(p, dtype, dev, stream);
     else launch_simt<false>(p, dtype, dev, stream);
   } else {
-    // The wgmma tile loads 16-bit document tiles by TMA where it can (codes: cp.async).
+    // The wgmma tile loads its 16-bit document tiles by TMA where it can.
     FwdParams tc = p;
     if (plan.extents_at >= 0) {
       int* extent = reinterpret_cast<int*>(p.partial + plan.extents_at);
@@ -333,7 +338,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       mask_extent_kernel<<<blocks, threads, 0, stream>>>(p.d.mask, p.d.count, p.d.pad_len, extent);
       tc.d.lengths = extent;
     }
-    if (plan.tile == Tile::kWide && !byte_rows(p)) tc.d_tma = encode_documents(tc, dtype);
+    if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype);
     with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }
   if (plan.grid.m_tiles > 1) {

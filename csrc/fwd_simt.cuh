@@ -61,7 +61,11 @@ __global__ void __launch_bounds__(kSimtThreads) fwd_simt_kernel(const FwdParams 
 
   for (int pair = blockIdx.x; pair < p.pairs.num_pairs; pair += gridDim.x) {
     const int qi = pair_query(p.pairs, p.d.count, pair), dj = pair_doc(p.pairs, p.d.count, pair);
-    const Segment gq = segment_of(p.q, qi), gd = segment_of(p.d, dj);
+    const Segment gq = segment_of(p.q, qi);
+    Segment gd = segment_of(p.d, dj);
+    // Out of range (ids, lengths, offsets, a query past max_lq): NaN, argmax -1, nothing read.
+    const bool pair_ok = query_ok(p.q, gq, p.max_lq) && gd.ok;
+    if (!pair_ok) gd.len = 0;
     const int rows = kArgmax ? max(gq.rows, p.max_lq) : gq.rows;
     float score = 0.f;  // thread 0's
     for (int t0 = 0; t0 < rows; t0 += BM) {
@@ -107,14 +111,14 @@ __global__ void __launch_bounds__(kSimtThreads) fwd_simt_kernel(const FwdParams 
       if (tid == 0) {
         for (int r = 0; r < BM && t0 + r < rows; ++r) {
           const int t = t0 + r;
-          const bool valid = t < gq.rows && row_valid(p.q, gq, t);
+          const bool valid = pair_ok && t < gq.rows && row_valid(p.q, gq, t);
           if (kArgmax && t < p.max_lq) p.argmax[int64_t(pair) * p.max_lq + t] = valid ? row_i[r] : -1;
           if (valid && row_i[r] >= 0) score += row_v[r];
         }
       }
       __syncthreads();  // row_v and q_t are rewritten by the next row tile
     }
-    if (tid == 0) p.scores[pair] = score;
+    if (tid == 0) p.scores[pair] = pair_ok ? score : NAN;
   }
 }
 
@@ -235,7 +239,7 @@ fwd_simt_tile_kernel(const FwdParams p, int chunks, int docs_per_block) {
         if (kArgmax) p.argmax[pair * p.max_lq + t] = valid ? row_i[r] : -1;
         if (valid && row_i[r] >= 0) score += row_v[r];
       }
-      p.scores[pair] = score;
+      p.scores[pair] = gq.ok && gd.ok ? score : NAN;  // a length out of range: NaN
     }
     __syncthreads();  // row_v is rewritten by the next document
   }

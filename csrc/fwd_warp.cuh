@@ -50,12 +50,143 @@ __device__ __forceinline__ float key_value(int k) { return __int_as_float(k >= 0
 template <int W, int S>
 constexpr int kWarpStreamBlocks = int((227 * 1024) / (WarpStream<W, S>::kBytes + 1024));
 
+// One warp's product of the 32 query rows (q_s, codes' dim order) by a tile of 32 tokens of
+// codes: query rows mi * 16 + h * 8 + g against tile columns ni * 8 + 2t + e (g = lane / 4,
+// t = lane % 4). `tile` is the lane's first byte (b_off); b_swz its rows' unit swizzle.
+template <typename T, typename DT, int kLdq>
+__device__ __forceinline__ void warp_tile_product(const uint8_t* tile, const T* a_base, int b_swz,
+                                                  float (&acc)[2][4][4]) {
+  constexpr bool kBf16 = MmaType<T>::kBf16;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint2 w[4];
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) w[ni] = *reinterpret_cast<const uint2*>(tile + ni * 1024 + ((j ^ b_swz) << 5));
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * kLdq + 32 * j + s * 16);
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        uint32_t b0, b1;
+        codes_to_pairs<DT, T>(s ? w[ni].y : w[ni].x, b0, b1);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
+      }
+    }
+  }
+}
+
+// The tile's products times their tokens' scales, then into the running row maxima `best` over
+// the tokens whose bit is set in `bits`.
+__device__ __forceinline__ void warp_tile_max(float (&acc)[2][4][4], const float* scale, uint32_t bits,
+                                              int t, float (&best)[2][2]) {
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    const float2 sc = *reinterpret_cast<const float2*>(scale + ni * 8 + 2 * t);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] *= e % 2 ? sc.y : sc.x;
+  }
+  if (bits == 0xffffffffu) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m0 = max_nan(acc[mi][0][2 * h], acc[mi][0][2 * h + 1]);
+        float m1 = max_nan(acc[mi][1][2 * h], acc[mi][1][2 * h + 1]);
+        float m2 = max_nan(acc[mi][2][2 * h], acc[mi][2][2 * h + 1]);
+        float m3 = max_nan(acc[mi][3][2 * h], acc[mi][3][2 * h + 1]);
+        best[mi][h] = max_nan(best[mi][h], max_nan(max_nan(m0, m1), max_nan(m2, m3)));
+      }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = best[mi][h];
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            m = max_nan(m, (bits >> (ni * 8 + 2 * t + e)) & 1u ? acc[mi][ni][2 * h + e] : -INFINITY);
+        best[mi][h] = m;
+      }
+  }
+}
+
+// The query rows (32 of them) in the order the codes' fragments take their dims, zero past the
+// query; its row flags and scales. Returns whether the query is in range (else its scores are NaN).
+template <typename T, int kLdq, int kThreads>
+__device__ __forceinline__ bool warp_load_query(const FwdParams& p, int q0, T* q_s, bool* row_ok,
+                                                float* row_scale) {
+  const T* qg = static_cast<const T*>(p.q.data);
+  const Segment qseg = segment_of(p.q, q0);
+  for (int c = threadIdx.x; c < 32 * 16; c += kThreads) {
+    const int r = c / 16, k = c % 16;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < qseg.rows) v = *reinterpret_cast<const uint4*>(qg + row_elem(p.q, q0, qseg.first_row, r) + k * 8);
+    store_query_chunk_for_codes(q_s + r * kLdq, k, v);
+  }
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    const bool valid = row_valid(p.q, qseg, tid);
+    row_ok[tid] = valid;
+    row_scale[tid] = valid && p.q_scale != nullptr ? p.q_scale[qseg.first_row + tid] : 1.f;
+  }
+  return query_ok(p.q, qseg, p.max_lq);
+}
+
+// A document's row maxima from this warp's tiles joined to its slots (slot[row]) in shared memory.
+__device__ __forceinline__ void warp_publish(const float (&best)[2][2], int* slot, int t) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = best[mi][h];
+      v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      if (t == 0) atomicMax(slot + mi * 16 + h * 8, max_key(v));
+    }
+}
+
+// Each document's score: its row maxima (no valid column: -inf, a zero term) times the row
+// scales, summed over the valid query rows; one warp per document. NaN where the query or the
+// document is out of range (lane i's doc_ok: document i's).
+template <int W>
+__device__ __forceinline__ void warp_write_scores(const FwdParams& p, const int* slot, const bool* row_ok,
+                                                  const float* row_scale, int q0, int item_begin, int n_docs,
+                                                  bool q_ok, bool doc_ok) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const PairMap& pm = p.pairs;
+  const bool grouped = pm.layout == kGrouped;
+  for (int i = warp; i < n_docs; i += W) {
+    const float v = key_value(slot[i * 32 + lane]);
+    float s = row_ok[lane] && v != -INFINITY ? v * row_scale[lane] : 0.f;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    const bool ok = q_ok && __shfl_sync(0xffffffffu, doc_ok, i);
+    if (lane == 0) {
+      const int it = item_begin + i;
+      if (!ok) s = NAN;
+      p.scores[grouped ? int64_t(q0) * pm.group + it : int64_t(q0) * p.d.count + it] = s;
+    }
+  }
+}
+
 template <typename T, typename DT, int W, int S>
 __global__ void __launch_bounds__(W * 32, (kWarpStreamBlocks<W, S>))
 fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
 #if __CUDA_ARCH__ >= 800
   using Cfg = WarpStream<W, S>;
-  constexpr bool kBf16 = MmaType<T>::kBf16;
   constexpr int kLdq = Cfg::kLdq;
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem + Cfg::kQ);
@@ -77,12 +208,14 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   // length, its first tile's number), so that its first copies go out before the block's barrier.
   int64_t doc_base = 0, doc_first = 0;
   int doc_len = 0, tiles = 0;
+  bool doc_ok = true;  // lane i: document i's id, offsets and length in range
   if (lane < n_docs) {
     const int doc = grouped ? q0 * pm.group + item_begin + lane : item_begin + lane;
     const Segment g = segment_of(p.d, doc);
     doc_base = row_elem(p.d, doc, g.first_row, 0);
     doc_first = g.first_row;
     doc_len = g.len;
+    doc_ok = g.ok;
     tiles = (g.len + Cfg::kCols - 1) / Cfg::kCols;
   }
   int doc_end = tiles;  // one past the document's last tile
@@ -148,21 +281,7 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
     issue(s);
   }
 
-  // The query rows in the order the codes' fragments take their dims, zero past the query; its
-  // row flags and scales.
-  const T* qg = static_cast<const T*>(p.q.data);
-  const Segment qseg = segment_of(p.q, q0);
-  for (int c = tid; c < Cfg::kRows * 16; c += Cfg::kThreads) {
-    const int r = c / 16, k = c % 16;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < qseg.rows) v = *reinterpret_cast<const uint4*>(qg + row_elem(p.q, q0, qseg.first_row, r) + k * 8);
-    store_query_chunk_for_codes(q_s + r * kLdq, k, v);
-  }
-  if (tid < Cfg::kRows) {
-    const bool valid = row_valid(p.q, qseg, tid);
-    row_ok[tid] = valid;
-    row_scale[tid] = valid && p.q_scale != nullptr ? p.q_scale[qseg.first_row + tid] : 1.f;
-  }
+  const bool q_ok = warp_load_query<T, kLdq, Cfg::kThreads>(p, q0, q_s, row_ok, row_scale);
   for (int i = tid; i < n_docs * Cfg::kRows; i += Cfg::kThreads) slot[i] = max_key(-INFINITY);
   __syncthreads();
 
@@ -186,77 +305,12 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
       issue((stage + S - 1) % S);
       const uint8_t* tile = my_d + stage * Cfg::kTileBytes + b_off;
       float acc[2][4][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint2 w[4];
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) w[ni] = *reinterpret_cast<const uint2*>(tile + ni * 1024 + ((j ^ b_swz) << 5));
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          uint32_t a[2][4];
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * kLdq + 32 * j + s * 16);
-#pragma unroll
-          for (int ni = 0; ni < 4; ++ni) {
-            uint32_t b0, b1;
-            codes_to_pairs<DT, T>(s ? w[ni].y : w[ni].x, b0, b1);
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi) mma_16816<kBf16>(acc[mi][ni], a[mi], b0, b1);
-          }
-        }
-      }
-      const uint32_t bits = my_bits[stage];
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const float2 sc = *reinterpret_cast<const float2*>(my_scale + stage * Cfg::kCols + ni * 8 + 2 * t);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mi][ni][e] *= e % 2 ? sc.y : sc.x;
-      }
-      if (bits == 0xffffffffu) {
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float m0 = max_nan(acc[mi][0][2 * h], acc[mi][0][2 * h + 1]);
-            float m1 = max_nan(acc[mi][1][2 * h], acc[mi][1][2 * h + 1]);
-            float m2 = max_nan(acc[mi][2][2 * h], acc[mi][2][2 * h + 1]);
-            float m3 = max_nan(acc[mi][3][2 * h], acc[mi][3][2 * h + 1]);
-            best[mi][h] = max_nan(best[mi][h], max_nan(max_nan(m0, m1), max_nan(m2, m3)));
-          }
-      } else {
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float m = best[mi][h];
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                m = max_nan(m, (bits >> (ni * 8 + 2 * t + e)) & 1u ? acc[mi][ni][2 * h + e] : -INFINITY);
-            best[mi][h] = m;
-          }
-      }
+      warp_tile_product<T, DT, kLdq>(tile, a_base, b_swz, acc);
+      warp_tile_max(acc, my_scale + stage * Cfg::kCols, my_bits[stage], t, best);
       // Where this warp's next tile is another document's (or it has none), its maxima join
       // the document's.
       if (c_t + 1 == t_end || c_t + 1 == c_end) {
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float v = best[mi][h];
-            v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
-            v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
-            if (t == 0) atomicMax(slot + c_doc * Cfg::kRows + mi * 16 + h * 8 + g, max_key(v));
-          }
+        warp_publish(best, slot + c_doc * Cfg::kRows + g, t);
         reset();
         if (c_t + 1 < t_end) {
           c_doc = doc_of(c_t + 1);
@@ -268,18 +322,7 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  // Each document's score: its row maxima (no valid column: -inf, a zero term) times the row
-  // scales, summed over the valid query rows.
-  for (int i = warp; i < n_docs; i += W) {
-    const float v = key_value(slot[i * Cfg::kRows + lane]);
-    float s = row_ok[lane] && v != -INFINITY ? v * row_scale[lane] : 0.f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) {
-      const int it = item_begin + i;
-      p.scores[grouped ? int64_t(q0) * pm.group + it : int64_t(q0) * p.d.count + it] = s;
-    }
-  }
+  warp_write_scores<W>(p, slot, row_ok, row_scale, q0, item_begin, n_docs, q_ok, doc_ok);
 #endif
 }
 

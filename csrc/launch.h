@@ -6,8 +6,19 @@
 
 namespace maxsim {
 
-// Forward tile shapes; fwd_launch.cuh says why each exists. kSimt: the CUDA-core kernel.
-enum class Tile { kSimt, kSmall, kMedium, kLarge, kWide, kStream, kSlim, kWarp };
+// What the forward runs, named by mechanism (shapes and why: fwd_tile.cuh; the choice: fwd.cu).
+enum class Tile {
+  kSimt,             // CUDA cores: fp32, or where no tensor-core tile applies (fwd_simt.cuh)
+  kMmaStream,        // mma.sync, 1 x 4 warps over one short query, documents streamed
+  kMmaSplit,         // mma.sync, 2 x 2 warps over 64 query rows
+  kMmaBlock,         // mma.sync, 2 x 4 warps over 128 query rows x 128 tokens
+  kWgmmaBlock,       // wgmma, two warpgroups over 128 x 128 (16-bit rows, int8 pairs)
+  kWgmmaCodes,       // transposed wgmma over 128 query rows, 8-bit codes as register operand
+  kWgmmaStream,      // transposed wgmma, one warpgroup, one short query, two stages
+  kWgmmaDeepStream,  // kWgmmaStream with four stages, for long padded documents
+  kMmaCodeStream,    // mma.sync, 1 x 4 warps over 128-token tiles of 8-bit codes
+  kWarpStream,       // warps with private stages, no block barrier per tile (fwd_warp.cuh)
+};
 
 // What the forward runs for one call, planned once (with p.argmax already set, as the resident
 // block count depends on it) and then launched.

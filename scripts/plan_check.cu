@@ -15,15 +15,23 @@ namespace {
 const char* tile_name(Tile t) {
   switch (t) {
     case Tile::kSimt: return "simt";
-    case Tile::kSmall: return "small";
-    case Tile::kMedium: return "medium";
-    case Tile::kLarge: return "large";
-    case Tile::kWide: return "wide";
-    case Tile::kStream: return "stream";
-    case Tile::kSlim: return "slim";
-    case Tile::kWarp: return "warp";
+    case Tile::kMmaStream: return "mma_stream";
+    case Tile::kMmaSplit: return "mma_split";
+    case Tile::kMmaBlock: return "mma_block";
+    case Tile::kWgmmaBlock: return "wgmma_block";
+    case Tile::kWgmmaCodes: return "wgmma_codes";
+    case Tile::kWgmmaStream: return "wgmma_stream";
+    case Tile::kWgmmaDeepStream: return "wgmma_deep";
+    case Tile::kMmaCodeStream: return "mma_codes";
+    case Tile::kWarpStream: return "warp_stream";
   }
   return "?";
+}
+
+// Tiles that run only on Hopper (wgmma, or planned there only).
+bool hopper_only(Tile t) {
+  return t == Tile::kWgmmaBlock || t == Tile::kWgmmaCodes || t == Tile::kWgmmaStream ||
+         t == Tile::kWgmmaDeepStream || t == Tile::kMmaCodeStream || t == Tile::kWarpStream;
 }
 
 struct Case {
@@ -92,17 +100,18 @@ int main() {
         expect(smem <= size_t(dev.max_smem), "tile exceeds the shared memory per block", dev, c, plan.tile);
         expect(plan.tile == Tile::kSimt || plan.blocks > 0, "no blocks", dev, c, plan.tile);
         expect(c.codes == Codes::kNone || plan.tile != Tile::kSimt, "8-bit documents without a tile", dev, c, plan.tile);
-        if (dev.sm != 90) expect(plan.tile != Tile::kWide && plan.tile != Tile::kStream && plan.tile != Tile::kSlim && plan.tile != Tile::kWarp, "Hopper-only tile", dev, c, plan.tile);
+        if (dev.sm != 90) expect(!hopper_only(plan.tile), "Hopper-only tile", dev, c, plan.tile);
         if (dt == DType::kF16)
-          std::printf("sm_%d %-15s -> %-6s %6zu B smem, %d blocks\n", dev.sm, c.name, tile_name(plan.tile), smem, plan.blocks);
+          std::printf("sm_%d %-15s -> %-12s %6zu B smem, %d blocks\n", dev.sm, c.name, tile_name(plan.tile), smem, plan.blocks);
       }
     }
   }
   // What the H100 measurements chose (docs/ARCHITECTURE.md).
   const DeviceInfo& h100 = devices[3];
   const struct { int at; Tile tile; } want[] = {
-      {0, Tile::kWide}, {1, Tile::kLarge}, {2, Tile::kStream}, {3, Tile::kSlim}, {8, Tile::kWarp},
-      {10, Tile::kWide}, {11, Tile::kWide}, {12, Tile::kWarp}, {13, Tile::kStream}};
+      {0, Tile::kWgmmaBlock}, {1, Tile::kMmaBlock}, {2, Tile::kWgmmaDeepStream},
+      {3, Tile::kWgmmaStream}, {8, Tile::kWarpStream}, {10, Tile::kWgmmaCodes},
+      {11, Tile::kWgmmaCodes}, {12, Tile::kWarpStream}, {13, Tile::kMmaCodeStream}};
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);

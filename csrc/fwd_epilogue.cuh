@@ -1,0 +1,132 @@
+// The epilogue of the tensor-core forward, run at the end of each document: the warps' row maxima
+// merged (lanes, then warps), masked by the query rows that count, scaled by the rows' scales,
+// summed per query, and written as a score (or a row tile's partial sum) with the argmax.
+#pragma once
+#include "fwd_rowmax.cuh"
+
+namespace maxsim {
+
+template <typename B>
+struct Epilogue {
+  static constexpr int BM = B::BM, MT = B::MT, kThreads = B::kThreads;
+  static constexpr bool kArgmax = B::kArgmax;
+  using Acc = RowMax<B>;
+
+  B& b;
+  Acc& acc;
+
+  __device__ __forceinline__ Epilogue(B& blk, Acc& a) : b(blk), acc(a) {}
+
+  // Each thread's bests into red_v / red_i: one slot per (slice, row).
+  __device__ __forceinline__ void publish() {
+    if constexpr (B::kWgT) {
+      // Query row 8j + 2 (lane % 4) + h: the eight lanes of equal lane % 4 hold the warp's 16
+      // document rows of every tile; lanes 0..3 publish the warp's best.
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = acc.best_v[j][h];
+          int i = acc.best_i[j][h];
+          Acc::merge_lanes(v, i, 4, 32);
+          if (b.lane < 4) {
+            b.red_v[b.warp * BM + 8 * j + 2 * b.lane + h] = v;
+            b.red_i[b.warp * BM + 8 * j + 2 * b.lane + h] = i;
+          }
+        }
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = acc.best_v[mi][h];
+          int i = acc.best_i[mi][h];
+          Acc::merge_lanes(v, i, 1, 4);
+          if (b.lane % 4 == 0) {
+            const int r = b.warp_m * B::kWarpRows + mi * 16 + h * 8 + b.lane / 4;
+            b.red_v[b.warp_n * BM + r] = v;
+            b.red_i[b.warp_n * BM + r] = i;
+          }
+        }
+    }
+  }
+
+  // Row r's best over the slices (in slice order: ties keep the lowest column).
+  __device__ __forceinline__ void merged(int r, float& v, int& i) const {
+    v = b.red_v[r];
+    i = b.red_i[r];
+#pragma unroll
+    for (int w = 1; w < B::kParts; ++w) {
+      const float ov = b.red_v[w * BM + r];
+      if constexpr (kArgmax) {
+        const int oi = b.red_i[w * BM + r];
+        if (beats(ov, oi, Best{v, i})) { v = ov; i = oi; }
+      } else {
+        v = max_nan(v, ov);
+      }
+    }
+  }
+
+  // Row r's term of its query's sum (0 for padding and rows with no valid column, NaN where the
+  // query or the document is out of range); writes its argmax (-1 for those) when asked.
+  __device__ __forceinline__ float row_term(int item, bool doc_ok, int r, bool in_q, int qi, int t,
+                                            float v, int i) const {
+    const FwdParams& p = b.p;
+    const uint8_t flag = b.row_ok[r];
+    const bool valid = flag == kRowValid && doc_ok;
+    if constexpr (kArgmax) {
+      if (in_q && b.items.writes(qi) && t < p.max_lq) p.argmax[b.items.out(item, qi) * p.max_lq + t] = valid ? i : -1;
+    }
+    if (flag == kRowNaN || !doc_ok) return NAN;
+    const bool found = kArgmax ? i >= 0 : v != -INFINITY;
+    return valid && found ? v * b.row_scale[r] : 0.f;
+  }
+
+  // A warp's per-lane terms summed (butterfly) and written once for query qi.
+  __device__ __forceinline__ void write_sum(int item, int qi, float s) const {
+    const FwdParams& p = b.p;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (b.lane == 0 && b.items.writes(qi)) {
+      const int64_t out = b.items.out(item, qi);
+      if (b.grid.m_tiles > 1) p.partial[int64_t(b.mt) * p.pairs.num_pairs + out] = s;
+      else p.scores[out] = s;
+    }
+  }
+
+  // End of a document: merge lanes, then warps, then sum rows per query.
+  __device__ __forceinline__ void operator()(int item) {
+    publish();
+    acc.reset();
+    __syncthreads();
+    const int qfirst = b.query_of_rows();
+    const bool doc_ok = b.c_span.ok;  // the span of `item`: the cursor moves on after this
+    if (BM == 32 && b.grid.qpb == 1) {
+      // One query's 32 rows, one per lane of warp 0: the sum stays in registers, in the order
+      // of the general path below, with no second barrier (red_v is next written after the
+      // main loop's barrier).
+      if (b.warp == 0) {
+        float v;
+        int i;
+        merged(b.lane, v, i);
+        write_sum(item, qfirst, row_term(item, doc_ok, b.lane, true, qfirst, b.t0 + b.lane, v, i));
+      }
+      return;
+    }
+    for (int r = b.tid; r < BM; r += kThreads) {
+      float v;
+      int i;
+      merged(r, v, i);
+      const int ql = r / b.rpq;
+      b.row_val[r] = row_term(item, doc_ok, r, ql < b.grid.qpb, qfirst + ql, b.t0 + r % b.rpq, v, i);
+    }
+    __syncthreads();
+    for (int ql = b.warp; ql < b.grid.qpb; ql += B::WM * B::WN) {
+      float s = 0.f;
+      for (int r = ql * b.rpq + b.lane; r < min(BM, (ql + 1) * b.rpq); r += 32) s += b.row_val[r];
+      write_sum(item, qfirst + ql, s);
+    }
+  }
+};
+
+}  // namespace maxsim

@@ -1,0 +1,119 @@
+// The transposed wgmma main loop of the tensor-core forward (sm_90a): S^T = D_tile * Q^T, one
+// warpgroup of 64 document tokens x BM query rows (m64n32 for 16-bit documents, both tiles read
+// from swizzled shared memory; m64n128 with 8-bit codes converted into the register operand).
+// Thread (warp, lane) holds document rows my_row and my_row + 8 of the tile against query rows
+// 8j + 2 (lane % 4) + h (d[4j + h], d[4j + 2 + h]).
+#pragma once
+#include "fwd_loop_wgmma.cuh"
+
+namespace maxsim {
+
+template <typename B>
+struct WgmmaTransposedLoop {
+  static constexpr int BM = B::BM, BN = B::BN, STAGES = B::STAGES;
+  using T = typename B::T;
+  using DT = typename B::DT;
+
+  // 8-bit codes: the warp's 16 document rows of the current stage (G 64-dim groups) as the
+  // register operand, converted right before the product: per group each lane loads 16 codes of
+  // rows my_row and my_row + 8 and turns them into four k steps' fragments.
+  template <int G, typename Shadow>
+  __device__ __forceinline__ static void codes_product(const B& b, float (&d)[BM / 2], int my_row,
+                                                       uint64_t q_desc, Shadow&& in_shadow) {
+    // fp16: group g + 1 is converted while group g's products run. bf16's longer conversion
+    // needs the registers (one resident block fewer): all groups first.
+    constexpr bool kOverlap = !B::kBf16;
+    const int ldd = b.ldd(), lane = b.lane;
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(b.d_s) + b.stage * BN * ldd + my_row * ldd;
+    uint32_t a[4 * G][4];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int off = b.code_chunk(my_row, 4 * g + lane % 4) * 16;  // rows my_row, my_row + 8 alike
+      const uint4 r0 = *reinterpret_cast<const uint4*>(row + off);
+      const uint4 r1 = *reinterpret_cast<const uint4*>(row + 8 * ldd + off);
+      const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        codes_to_pairs<DT, T>(w0[j], a[4 * g + j][0], a[4 * g + j][2]);
+        codes_to_pairs<DT, T>(w1[j], a[4 * g + j][1], a[4 * g + j][3]);
+      }
+      if (kOverlap || g == G - 1) {
+        wgmma_fence();
+#pragma unroll
+        for (int k = kOverlap ? 4 * g : 0; k < 4 * g + 4; ++k)
+          wgmma_m64n128k16_rs<B::kBf16>(d, a[k], q_desc + k_off<T>(k, BM), k > 0);
+      }
+    }
+    wgmma_commit();
+    in_shadow();  // work that does not touch the operands, while the products run
+    wgmma_wait<0>();
+#pragma unroll
+    for (int k = 0; k < 4 * G; ++k)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wgmma_keep(a[k][i]);
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
+  }
+
+  __device__ __forceinline__ static void run(B& b, StageLoader<B>& ld, RowMax<B>& rm, Epilogue<B>& epi) {
+    const FwdParams& p = b.p;
+    const PairMap& pm = p.pairs;
+    const uint64_t q_desc = smem_desc_sw128(b.q_s);
+    const uint64_t d_desc = smem_desc_sw128(reinterpret_cast<const T*>(b.d_s));
+    const int my_row = b.warp * 16 + b.lane / 4;
+    while (b.more()) {
+      ld.stage_mask();
+      cp_async_wait<STAGES - 2>();
+      // This thread's copies, then wgmma's reads (codes are read by the threads themselves).
+      if constexpr (!B::kCodes) fence_proxy_async();
+      __syncthreads();
+      // The next stage's copies: 8-bit codes issue them while this tile's products run.
+      auto refill = [&]() { ld.issue((b.stage + STAGES - 1) % STAGES, false); };
+      if constexpr (!B::kCodes) refill();
+      if (pm.layout == kPairs && b.c_tile == 0) {
+        const int qi = pm.pair_q[b.c_item];
+        if (qi != b.loaded_q) {  // every warp passed its last wgmma's wait before the barrier above
+          ld.load_queries(qi, false);
+          ld.load_row_flags(qi);
+          b.loaded_q = qi;
+          fence_proxy_async();
+          __syncthreads();
+        }
+      }
+      float d[BM / 2];
+      const int col = b.c_tile * BN + my_row;  // document token of d[4j + h]; d[4j + 2 + h]: col + 8
+      bool ok0, ok1;
+      auto rows_ok = [&]() {
+        ok0 = col < b.c_span.cols && (p.d.mask == nullptr || b.mask_s[b.stage * BN + my_row]);
+        ok1 = col + 8 < b.c_span.cols && (p.d.mask == nullptr || b.mask_s[b.stage * BN + my_row + 8]);
+      };
+      if constexpr (B::kCodes) {
+        rows_ok();
+        const float s0 = b.scale_s[b.stage * BN + my_row], s1 = b.scale_s[b.stage * BN + my_row + 8];
+        if constexpr (B::kDim > 0) codes_product<B::kDim / 64>(b, d, my_row, q_desc, refill);
+        else if (b.kdim() == 128) codes_product<2>(b, d, my_row, q_desc, refill);
+        else codes_product<1>(b, d, my_row, q_desc, refill);
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            d[4 * j + h] *= s0;
+            d[4 * j + 2 + h] *= s1;
+          }
+      } else {
+        const uint64_t d_stage = d_desc + uint64_t(b.stage) * (BN * b.ldd() * sizeof(T) / 16);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < b.kdim() / 16; ++k)
+          wgmma_m64n32k16<B::kBf16>(d, d_stage + k_off<T>(k, BN), q_desc + k_off<T>(k, BM), k > 0);
+        wgmma_commit();
+        rows_ok();
+        wgmma_wait<0>();
+      }
+      rm.transposed_max(d, ok0, ok1, col);
+      b.next_tile(epi);
+    }
+  }
+};
+
+}  // namespace maxsim

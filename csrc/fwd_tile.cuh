@@ -1,0 +1,154 @@
+// The tensor-core forward's tiles as policies: each Tile (launch.h) names its main loop, its shape
+// per document storage, its pipeline depth and the resident blocks its registers are sized for.
+// The planner picks a Tile; the kernel reads everything from TileShape, never from sizes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include "codes.cuh"
+#include "launch.h"
+
+namespace maxsim {
+
+// How a tile multiplies: mma.sync on warp tiles (sm_80+), wgmma over warpgroups of 64 query rows
+// (sm_90a), or wgmma on the transposed product, document tokens x query rows (sm_90a).
+enum class MainLoop { kMmaSync, kWgmma, kWgmmaTransposed };
+
+template <int BM_, int BN_, int WM_, int WN_, int STAGES_, MainLoop kLoop_, int kBlocks_,
+          int kBlocksArgmax_ = kBlocks_>
+struct Shape {
+  static constexpr int BM = BM_, BN = BN_;        // query rows x document tokens per tile
+  static constexpr int WM = WM_, WN = WN_;        // warps along rows x along columns
+  static constexpr int STAGES = STAGES_;          // document tiles in flight
+  static constexpr MainLoop kLoop = kLoop_;       // on sm_90a builds; mma.sync elsewhere
+  // Resident blocks per SM the register budget is sized for (__launch_bounds__).
+  static constexpr int min_blocks(bool argmax) { return argmax ? kBlocksArgmax_ : kBlocks_; }
+};
+
+// Documents with one scale per token (8-bit codes, int8 pairs) stage half the bytes per tile.
+template <typename DT>
+constexpr bool kHalfBytes = kIsScaled<DT>;
+
+template <Tile, typename DT>
+struct TileShape;
+
+// One short query (Lq <= 32) against streamed documents, the memory-bound case: two stages leave
+// room for five blocks per SM, which hide load latency better than three of three stages. 8-bit
+// tiles: three stages, five blocks (the streaming loop is latency-bound; extra warps hide it).
+template <typename DT>
+struct TileShape<Tile::kMmaStream, DT>
+    : Shape<32, 64, 1, 4, kHalfBytes<DT> ? 3 : 2, MainLoop::kMmaSync, kHalfBytes<DT> ? 5 : 1> {};
+
+// Queries of 33..64 rows, or row slices of long queries (D > 128).
+template <typename DT>
+struct TileShape<Tile::kMmaSplit, DT>
+    : Shape<64, 64, 2, 2, kHalfBytes<DT> ? 3 : 4, MainLoop::kMmaSync, 1> {};
+
+// Long queries or several short ones of an all-pairs batch, the compute-bound case: a 64 x 32 warp
+// tile keeps ldmatrix traffic per mma low; two blocks per SM hide the barrier and load latency.
+template <typename DT>
+struct TileShape<Tile::kMmaBlock, DT>
+    : Shape<128, 128, 2, 4, kHalfBytes<DT> ? 3 : 2, MainLoop::kMmaSync, 2> {};
+
+// kMmaBlock's work on wgmma, two warpgroups of 64 rows x 128 columns over 128-byte-swizzled tiles
+// (16-bit rows; int8 pairs on the integer wgmma): two blocks of two stages per SM, so that one
+// block's max overlaps the other's wgmma.
+template <typename DT>
+struct TileShape<Tile::kWgmmaBlock, DT> : Shape<128, 128, 8, 1, 2, MainLoop::kWgmma, 2> {};
+
+// kMmaBlock's work for 8-bit codes: one warpgroup takes the product transposed (64 document rows
+// x 128 query rows), each warp converting its 16 rows of codes straight into wgmma's register
+// operand (no 16-bit copy of the tile in shared memory); three blocks per SM (two with argmax).
+template <typename DT>
+struct TileShape<Tile::kWgmmaCodes, DT>
+    : Shape<128, 64, 2, 2, 3, MainLoop::kWgmmaTransposed, 3, 2> {};
+
+// kMmaStream's work on the transposed wgmma (16-bit documents, D = 64 / 128): both tiles read from
+// shared memory (no ldmatrix), each thread keeping a running max over its own document rows.
+template <typename DT>
+struct TileShape<Tile::kWgmmaStream, DT> : Shape<32, 64, 2, 2, 2, MainLoop::kWgmmaTransposed, 1> {};
+
+// kWgmmaStream with four stages for padded documents of 512+ tokens: a deeper queue pays where
+// each block streams many tiles.
+template <typename DT>
+struct TileShape<Tile::kWgmmaDeepStream, DT>
+    : Shape<32, 64, 2, 2, 4, MainLoop::kWgmmaTransposed, 1> {};
+
+// Long documents of 8-bit codes: kMmaStream's warps over 128-token tiles, so a tile of codes holds
+// as many bytes as a 16-bit one and the per-tile cost (barrier, copies) is paid per 16 KB; two
+// stages, four blocks per SM.
+template <typename DT>
+struct TileShape<Tile::kMmaCodeStream, DT> : Shape<32, 128, 1, 4, 2, MainLoop::kMmaSync, 4> {};
+
+// Which (tile, storage, query dtype) instances exist: the transposed 32-row tiles take 16-bit
+// documents only, kWgmmaCodes and kMmaCodeStream 8-bit codes only, kWgmmaBlock 16-bit rows, and
+// int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
+template <Tile kTile, typename DT, typename T>
+constexpr bool kInstanceOf =
+    (kTile != Tile::kWgmmaStream || std::is_same_v<DT, Plain>) &&
+    (kTile != Tile::kWgmmaDeepStream || std::is_same_v<DT, Plain>) &&
+    (kTile != Tile::kWgmmaCodes || kIsCodes<DT>) &&
+    (kTile != Tile::kMmaCodeStream || kIsCodes<DT>) &&
+    (kTile != Tile::kWgmmaBlock || !kIsCodes<DT>) &&
+    !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
+
+// Where each part of a block's dynamic shared memory starts (bytes from the 1024-aligned base).
+struct SmemLayout {
+  size_t q, d, red_v, red_i, row_val, row_scale, scale, row_ok, mask, full, bytes;
+};
+
+// What one tile instance computes with: thread counts, warp tiles, row pitches, shared memory.
+template <typename T, typename DT, Tile kTile>
+struct TileConfig : TileShape<kTile, DT> {
+  using S = TileShape<kTile, DT>;
+  using S::BM, S::BN, S::WM, S::WN, S::STAGES;
+  static constexpr bool kCodes = kIsCodes<DT>;
+  static constexpr bool kScaled = kIsScaled<DT>, kIntDot = std::is_same_v<DT, Int8x8>;
+  using DElem = std::conditional_t<kCodes, uint8_t, T>;  // what a document row is made of
+  static constexpr int kChunkElems = 16 / sizeof(DElem);  // per 16-byte copy
+  // k step of one operand load: codes come 8 bytes per lane, which feeds two k16 mmas.
+  static constexpr int kKStep = kCodes ? 32 : 16;
+  static constexpr int kThreads = WM * WN * 32;
+  static constexpr int kWarpRows = BM / WM, kWarpCols = BN / WN;
+  static constexpr int MT = kWarpRows / 16, NT = kWarpCols / 8;
+  // wgmma tiles sit in shared memory with the 128-byte swizzle (mma.cuh), not padded rows.
+  static constexpr bool kSwizzled = S::kLoop != MainLoop::kMmaSync;
+  static constexpr bool kTransposed = S::kLoop == MainLoop::kWgmmaTransposed;
+  // Slices whose maxima merge per row: the transposed tile's four warps, else the column warps.
+  static constexpr int kParts = kTransposed ? 4 : WN;
+  static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
+
+  __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
+  // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kSwizzled ? 0 : 8); }
+  // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
+  // The transposed tile's register operand loads 16 bytes per lane: unpadded rows whose 16-byte
+  // chunks are XOR-swizzled instead (TileBlock::code_chunk).
+  __host__ __device__ static int ldd(int dim) {
+    if constexpr (kCodes && kTransposed) return kdim(dim);
+    if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
+    return ldq(dim);
+  }
+  // The one description of the shared memory: the host sizes it, the kernel carves it.
+  __host__ __device__ static SmemLayout smem(int dim) {
+    SmemLayout s;
+    size_t at = 0;
+    auto take = [&](size_t& field, size_t bytes) { field = at; at += bytes; };
+    take(s.q, size_t(BM) * ldq(dim) * sizeof(T));                // query tile
+    take(s.d, size_t(STAGES) * BN * ldd(dim) * sizeof(DElem));   // document stages
+    take(s.red_v, size_t(kParts) * BM * sizeof(float));          // slices' row maxima
+    take(s.red_i, size_t(kParts) * BM * sizeof(int));            // and their argmax
+    take(s.row_val, size_t(BM) * sizeof(float));                 // rows' terms of the sum
+    take(s.row_scale, size_t(BM) * sizeof(float));               // rows' scales (1 without)
+    take(s.scale, kScaled ? size_t(STAGES) * BN * sizeof(float) : 0);  // tokens' scales
+    take(s.row_ok, size_t(BM) * sizeof(uint8_t));                // rows that count (RowFlag)
+    take(s.mask, size_t(STAGES) * BN * sizeof(bool));            // tokens that count
+    at = (at + 7) / 8 * 8;                                       // mbarriers are 8-byte aligned
+    take(s.full, S::kLoop == MainLoop::kWgmma ? size_t(STAGES) * 8 : 0);  // TMA stage barriers
+    s.bytes = at;
+    return s;
+  }
+  static size_t smem_bytes(int dim) { return smem(dim).bytes; }
+};
+
+}  // namespace maxsim
