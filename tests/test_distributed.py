@@ -67,10 +67,12 @@ def _cases(rank, data):
     q, d = data["uniform"][rank]
     out["uniform"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
     out["uniform_again"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
+    out["uniform_one_call"] = _loss_and_grads(q, d, temperature=0.05, overlap=False)
     out["uniform_normalized"] = _loss_and_grads(q, d, normalize=True)
     q, d, lengths, mask, targets = data["ragged"][rank]
     out["ragged_lengths"] = _loss_and_grads(q, d, d_lengths=lengths, targets=targets)
-    out["ragged_mask"] = _loss_and_grads(q, d, None, mask, targets=targets, temperature=0.1)
+    out["ragged_mask"] = _loss_and_grads(q, d, None, mask, targets=targets, temperature=0.1,
+                                         overlap=False)  # ragged: blocks all the same
     out["ragged_bf16"] = _loss_and_grads(q.bfloat16(), d.bfloat16(), None, mask,
                                          targets=targets)
     queries, corpus = data["queries"], data["corpus"]
@@ -179,7 +181,7 @@ def _check(results, whole, truth, valid, tol):
 
 
 @pytest.mark.parametrize("case,temperature,normalize", [
-    ("uniform", 0.05, False), ("uniform_normalized", 1.0, True),
+    ("uniform", 0.05, False), ("uniform_one_call", 0.05, False), ("uniform_normalized", 1.0, True),
 ])
 def test_uniform_loss_equals_one_process(run, case, temperature, normalize):
     data, results = run

@@ -73,7 +73,8 @@ def _padded_to(x, rows, cols, value=0):
 
 def contrastive_loss(
     Q, D, q_mask=None, d_mask=None, *, q_lengths=None, d_lengths=None, targets=None,
-    temperature=1.0, normalize=False, same_shapes=False, group=None, backend="auto",
+    temperature=1.0, normalize=False, same_shapes=False, overlap=True, group=None,
+    backend="auto",
 ):
     """Softmax cross-entropy of this rank's queries against the documents of every rank of
     ``group`` (in-batch negatives across devices), computed in fp32.
@@ -85,8 +86,9 @@ def contrastive_loss(
     document ``i``. ``same_shapes=True`` promises that every rank has the same ``B``, ``N`` and
     ``Ld``, which saves a small all-gather (and its host sync) per call.
 
-    The documents are gathered with one asynchronous all-gather while the local block is scored;
-    in backward, each rank's gradient of the other ranks' documents returns to them in one
+    The documents are gathered with one asynchronous all-gather while the local block is scored
+    (``overlap=False``, where every rank has the same shapes: after the gather, every block in one
+    call, fewer launches for no overlap); in backward, each rank's gradient of the other ranks' documents returns to them in one
     reduce-scatter, so every rank must run backward. Returns this rank's share of the loss, scaled
     so that the mean over ranks is the loss of one process holding the whole batch and the mean of
     the ranks' gradients (what DistributedDataParallel applies) is that process's gradient.
@@ -96,6 +98,18 @@ def contrastive_loss(
     shapes = _shapes(Q, D, group, same_shapes)
     if normalize:  # once, before the gather, not once per block
         Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
+    scores = _gathered_scores(Q, D, q_mask, d_mask, q_lengths, d_lengths, shapes, overlap, group,
+                              backend)
+    first = sum(s[1] for s in shapes[:rank])
+    targets = _global_targets(targets, Q.size(0), first, D.size(0), scores.size(1), Q.device)
+    loss = select_ops(scores.device, backend).ce(scores, targets, 1.0 / temperature)[0]
+    return loss * (Q.size(0) * world / max(sum(s[0] for s in shapes), 1))
+
+
+def _gathered_scores(Q, D, q_mask, d_mask, q_lengths, d_lengths, shapes, overlap, group,
+                     backend):
+    """This rank's queries against every rank's documents: ``[B_r, sum N]`` fp32, rank-major."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
     rows, cols = max(s[1] for s in shapes), max(s[2] for s in shapes)
     works = []
     gathered = _GatherWithGrad.apply(_padded_to(D, rows, cols), group, works)
@@ -106,6 +120,12 @@ def contrastive_loss(
                                works)[..., 0]
     if d_mask is not None:
         masks = _gather_rows(_padded_to(d_mask.bool(), rows, cols), group, works)
+    if not overlap and all(s[1:] == shapes[0][1:] for s in shapes):
+        for work in works:
+            work.wait()
+        flat = lambda x: None if x is None else x.flatten(0, 1)  # noqa: E731
+        return maxsim(Q, flat(gathered), q_mask, flat(masks), q_lengths=q_lengths,
+                      d_lengths=flat(lengths), backend=backend)
     # The local block needs nothing from the others: it is scored while they arrive.
     local = maxsim(Q, D, q_mask, d_mask, q_lengths=q_lengths, d_lengths=d_lengths,
                    backend=backend)
@@ -121,11 +141,7 @@ def contrastive_loss(
             None if masks is None else masks[source, :n, :length], q_lengths=q_lengths,
             d_lengths=None if lengths is None else lengths[source, :n], backend=backend,
         ))
-    scores = torch.cat(blocks, dim=1)
-    first = sum(s[1] for s in shapes[:rank])
-    targets = _global_targets(targets, Q.size(0), first, D.size(0), scores.size(1), Q.device)
-    loss = select_ops(scores.device, backend).ce(scores, targets, 1.0 / temperature)[0]
-    return loss * (Q.size(0) * world / max(sum(s[0] for s in shapes), 1))
+    return torch.cat(blocks, dim=1)
 
 
 def _global_targets(targets, nq, first, nd, columns, device):
