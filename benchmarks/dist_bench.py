@@ -192,30 +192,33 @@ def bench_retrieve(shape, device, reps):
     g = torch.Generator(device=device).manual_seed(400)
     queries = grid((shape["retrieve_queries"], shape["lq"], shape["dim"]), g).half()
     sizes = [shape["corpus"] // world + (r < shape["corpus"] % world) for r in range(world)]
-    offset, k = sum(sizes[:rank]), shape["top_k"]
-    out = {}
-    for fmt in ("fp16", "int8"):
-        shard = corpus_shard(shape, rank, world, device, fmt)
-        got = distributed.retrieve(queries, shard, k, offset=offset)
-        ms = slowest(time_ms(lambda: distributed.retrieve(queries, shard, k, offset=offset),
-                             device, reps), device)
-        row = {"sharded_ms": ms}
-        if rank == 0:  # one GPU holding the whole corpus, the others waiting
-            whole = whole_corpus([shard] + [corpus_shard(shape, r, world, device, fmt)
-                                            for r in range(1, world)])
-            expect = maxsim.retrieve(queries, whole, k)
-            row["identical_top_k"] = bool(torch.equal(got[1], expect[1])
-                                          and torch.equal(got[0], expect[0]))
-            row["max_score_diff"] = (got[0] - expect[0]).abs().max().item()
-            row["single_gpu_ms"] = time_ms(lambda: maxsim.retrieve(queries, whole, k), device,
-                                           reps, together=False)
-            row["throughput_ratio"] = row["single_gpu_ms"] / ms
-            row["target_ratio_at_least"] = RETRIEVE_TARGET
-            del whole
-        del shard
-        dist.barrier()
-        out[fmt] = row
-    return out
+    offset = sum(sizes[:rank])
+    return {fmt: retrieve_row(queries, shape, fmt, offset, device, reps)
+            for fmt in ("fp16", "int8")}
+
+
+def retrieve_row(queries, shape, fmt, offset, device, reps):
+    """The sharded retrieve of one corpus format: its time, and on rank 0 its check against one
+    GPU holding the whole corpus and that GPU's time."""
+    rank, world, k = dist.get_rank(), dist.get_world_size(), shape["top_k"]
+    shard = corpus_shard(shape, rank, world, device, fmt)
+    got = distributed.retrieve(queries, shard, k, offset=offset)
+    ms = slowest(time_ms(lambda: distributed.retrieve(queries, shard, k, offset=offset), device,
+                         reps), device)
+    row = {"sharded_ms": ms}
+    if rank == 0:  # one GPU holding the whole corpus, the others waiting
+        whole = whole_corpus([shard] + [corpus_shard(shape, r, world, device, fmt)
+                                        for r in range(1, world)])
+        expect = maxsim.retrieve(queries, whole, k)
+        row["identical_top_k"] = bool(torch.equal(got[1], expect[1])
+                                      and torch.equal(got[0], expect[0]))
+        row["max_score_diff"] = (got[0] - expect[0]).abs().max().item()
+        row["single_gpu_ms"] = time_ms(lambda: maxsim.retrieve(queries, whole, k), device, reps,
+                                       together=False)
+        row["throughput_ratio"] = row["single_gpu_ms"] / ms
+        row["target_ratio_at_least"] = RETRIEVE_TARGET
+    dist.barrier()  # the others wait while rank 0 holds the whole corpus
+    return row
 
 
 def parse_args(argv=None):

@@ -73,7 +73,7 @@ def submit(args) -> int:
     try:
         repo_url = args.repo or git("remote", "get-url", "origin")
     except subprocess.CalledProcessError:
-        sys.exit("this checkout has no `origin` remote: pass --repo URL (a clone the job can reach)")
+        sys.exit("this checkout has no `origin` remote: pass --repo URL (one the job can clone)")
     cli, kwargs = submission(args.flavor, repo_url, revision, args.results_repo, args.bench_args,
                              args.timeout)
     print(cli)

@@ -11,15 +11,13 @@ import torch
 pytest.importorskip("pylate")
 pytest.importorskip("transformers")
 
+import test_integrations_pylate  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from maxsim import distributed  # noqa: E402
 from pylate import losses  # noqa: E402
-from test_integrations_pylate import (  # noqa: E402, F401 (colbert_dir is a fixture)
-    colbert_dir,
-    features,
-    loss_both_ways,
-    tiny_colbert,
-)
+from test_integrations_pylate import features, loss_both_ways, tiny_colbert  # noqa: E402
+
+colbert_dir = test_integrations_pylate.colbert_dir  # the tiny model's fixture, shared
 
 pytestmark = pytest.mark.distributed
 

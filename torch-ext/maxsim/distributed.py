@@ -88,10 +88,11 @@ def contrastive_loss(
 
     The documents are gathered with one asynchronous all-gather while the local block is scored
     (``overlap=False``, where every rank has the same shapes: after the gather, every block in one
-    call, fewer launches for no overlap); in backward, each rank's gradient of the other ranks' documents returns to them in one
-    reduce-scatter, so every rank must run backward. Returns this rank's share of the loss, scaled
-    so that the mean over ranks is the loss of one process holding the whole batch and the mean of
-    the ranks' gradients (what DistributedDataParallel applies) is that process's gradient.
+    call, fewer launches for no overlap); in backward, each rank's gradient of the other ranks'
+    documents returns to them in one reduce-scatter, so every rank must run backward. Returns this
+    rank's share of the loss, scaled so that the mean over ranks is the loss of one process
+    holding the whole batch and the mean of the ranks' gradients (what DistributedDataParallel
+    applies) is that process's gradient.
     """
     _check_temperature(temperature)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
