@@ -9,6 +9,8 @@
 #     "nvidia-nvvm==13.0.*",
 #     "nvidia-cuda-crt==13.0.*",
 #     "nvidia-cuda-cccl==13.0.*",
+#     "flash-maxsim==0.3.0",
+#     "late-interaction-kernels==0.4.5",
 # ]
 # ///
 """The benchmark matrix on Hugging Face Jobs: one job per GPU flavor runs benchmarks/bench.py on a
@@ -18,9 +20,10 @@ given revision and uploads bench_results/<gpu>.json to a dataset repository on t
     python scripts/hf_job.py pull [--dry-run]                   # just bench-pull
     uv run scripts/hf_job.py run --repo URL --revision SHA --results-repo OWNER/NAME  # the job
 
-The job is this file, run by ``uv`` from its inline header (torch, and the CUDA compiler from the
-NVIDIA wheels, so any image with uv and git will do): it clones the revision, builds the extension
-as maxsim does on import, runs the benchmark and uploads the result. ``submit`` and ``pull`` need
+The job is this file, run by ``uv`` from its inline header (torch, the CUDA compiler from the
+NVIDIA wheels and the peers the benchmark compares with, so any image with uv will do): it fetches
+the revision (git, or GitHub's archive where the image has no git), builds the extension as maxsim
+does on import, runs the benchmark and uploads the result. ``submit`` and ``pull`` need
 only ``huggingface_hub`` (and nothing at all with ``--dry-run``).
 """
 
@@ -29,7 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,14 +62,19 @@ def job_args(repo_url, revision, results_repo, bench_args) -> list[str]:
     return args + (["--bench-args", bench_args] if bench_args else [])
 
 
-def submission(flavor, repo_url, revision, results_repo, bench_args="", timeout=TIMEOUT):
+def submission(flavor, repo_url, revision, results_repo, bench_args="", timeout=TIMEOUT,
+               image=None):
     """``(command line, run_uv_job keyword arguments)`` of one job; the token is left out (the CLI
-    reads it from the login, the API call gets it from :func:`huggingface_hub.get_token`)."""
+    reads it from the login, the API call gets it from :func:`huggingface_hub.get_token`).
+    ``image``: a Docker image with uv (default: the Jobs' own uv image)."""
     script_args = job_args(repo_url, revision, results_repo, bench_args)
     kwargs = {"script": str(SCRIPT.relative_to(REPO)), "script_args": script_args,
               "flavor": flavor, "timeout": timeout, "secrets": {"HF_TOKEN": "<your token>"}}
-    cli = ["hf", "jobs", "uv", "run", "--flavor", flavor, "--timeout", timeout,
-           "--secrets", "HF_TOKEN", kwargs["script"], *script_args]
+    cli = ["hf", "jobs", "uv", "run", "--flavor", flavor, "--timeout", timeout]
+    if image:
+        kwargs["image"] = image
+        cli += ["--image", image]
+    cli += ["--secrets", "HF_TOKEN", kwargs["script"], *script_args]
     return shlex.join(cli), kwargs
 
 
@@ -75,7 +85,7 @@ def submit(args) -> int:
     except subprocess.CalledProcessError:
         sys.exit("this checkout has no `origin` remote: pass --repo URL (one the job can clone)")
     cli, kwargs = submission(args.flavor, repo_url, revision, args.results_repo, args.bench_args,
-                             args.timeout)
+                             args.timeout, args.image)
     print(cli)
     print(json.dumps({"run_uv_job": kwargs}, indent=1))
     if args.dry_run:
@@ -144,12 +154,37 @@ def toolkit_env(environ, site_dirs) -> dict:
 
 
 def checkout(repo_url, revision, dest: Path) -> str:
-    """The repository at ``revision`` in ``dest`` (one commit fetched); returns the full commit."""
+    """The repository at ``revision`` in ``dest``; returns the full commit. With git, one commit
+    fetched; without it (a slim image), GitHub's archive of a full commit hash."""
     dest.mkdir(parents=True, exist_ok=True)
+    if shutil.which("git") is None:
+        return github_archive(repo_url, revision, dest)
     git("init", "-q", cwd=dest)
     git("fetch", "-q", "--depth", "1", repo_url, revision, cwd=dest)
     git("checkout", "-q", "FETCH_HEAD", cwd=dest)
     return git("rev-parse", "HEAD", cwd=dest)
+
+
+def archive_url(repo_url, revision) -> str:
+    """GitHub's tarball of ``revision`` (a full commit hash, so that the result names it)."""
+    match = re.fullmatch(r"(?:https://|git@)github\.com[/:]([^/]+)/([^/]+?)(?:\.git)?/?", repo_url)
+    if not match or not re.fullmatch(r"[0-9a-f]{40}", revision):
+        raise SystemExit(f"without git the job fetches GitHub archives of full commit hashes "
+                         f"only, got {repo_url} at {revision}")
+    return f"https://codeload.github.com/{match[1]}/{match[2]}/tar.gz/{revision}"
+
+
+def github_archive(repo_url, revision, dest: Path) -> str:
+    import tarfile
+    import urllib.request
+
+    with urllib.request.urlopen(archive_url(repo_url, revision)) as response:
+        with tarfile.open(fileobj=response, mode="r|gz") as tar:
+            for member in tar:  # drop the archive's top folder
+                member.name = member.name.partition("/")[2]
+                if member.name:
+                    tar.extract(member, dest, filter="data")
+    return revision
 
 
 def run(args) -> int:
@@ -193,6 +228,7 @@ def parse_args(argv=None):
     s.add_argument("--results-repo", default=results, help="dataset repository for the results")
     s.add_argument("--bench-args", default="", help="arguments for benchmarks/bench.py")
     s.add_argument("--timeout", default=TIMEOUT)
+    s.add_argument("--image", help="a Docker image with uv (default: the Jobs' uv image)")
     s.add_argument("--dry-run", action="store_true", help="print the submission, send nothing")
     p = sub.add_parser("pull", help="download every GPU's results into bench_results/")
     p.add_argument("--results-repo", default=results)

@@ -123,3 +123,42 @@ def test_matrix_has_a_column_per_gpu_and_the_speedup_over_the_best_peer():
     section, _ = render.render([("h100", _doc("H100", 0.05, 0.1)),
                                 ("h200", _doc("H200", 0.04, 0.02))], REPO / "docs", REPO)
     assert "### Across GPUs" in section and lines[2] in section
+
+
+def test_an_image_goes_into_both_forms():
+    cli, kwargs = hf_job.submission("h100", URL, SHA, RESULTS, image="ghcr.io/x/uv:py3.12")
+    assert "--image ghcr.io/x/uv:py3.12 --secrets HF_TOKEN" in cli
+    assert kwargs["image"] == "ghcr.io/x/uv:py3.12"
+
+
+@pytest.mark.parametrize("url", [URL, "https://github.com/example/maxsim",
+                                 "git@github.com:example/maxsim.git"])
+def test_archive_url_of_a_github_commit(url):
+    assert hf_job.archive_url(url, SHA) == (
+        f"https://codeload.github.com/example/maxsim/tar.gz/{SHA}")
+
+
+@pytest.mark.parametrize("url,revision", [(URL, "main"), ("https://gitlab.com/a/b.git", SHA)])
+def test_archive_url_refuses_what_it_cannot_name(url, revision):
+    with pytest.raises(SystemExit):
+        hf_job.archive_url(url, revision)
+
+
+def test_without_git_the_archive_is_unpacked(tmp_path, monkeypatch):
+    import io
+    import tarfile
+    import urllib.request
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        body = b"print('bench')\n"
+        info = tarfile.TarInfo(f"maxsim-{SHA}/benchmarks/bench.py")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    data.seek(0)
+    opened = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url: opened.append(url) or data)
+    monkeypatch.setattr(hf_job.shutil, "which", lambda name: None)
+    assert hf_job.checkout(URL, SHA, tmp_path / "dest") == SHA
+    assert opened == [hf_job.archive_url(URL, SHA)]
+    assert (tmp_path / "dest" / "benchmarks" / "bench.py").read_bytes() == body
