@@ -19,6 +19,7 @@ given revision and uploads bench_results/<gpu>.json to a dataset repository on t
     python scripts/hf_job.py submit --flavor h100 [--dry-run]   # just bench-matrix h100
     python scripts/hf_job.py pull [--dry-run]                   # just bench-pull
     uv run scripts/hf_job.py run --repo URL --revision SHA --results-repo OWNER/NAME  # the job
+    python scripts/hf_job.py run --repo . --revision HEAD --results-repo - --no-upload  # offline
 
 The job is this file, run by ``uv`` from its inline header (torch, the CUDA compiler from the
 NVIDIA wheels and the peers the benchmark compares with, so any image with uv will do): it fetches
@@ -200,20 +201,30 @@ def run(args) -> int:
     sys.path.insert(0, str(work / "benchmarks"))
     from bench import gpu_slug  # the clone's, so the file name is the one bench.py writes
 
-    slug = gpu_slug(torch.cuda.get_device_name(0))
+    slug = gpu_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu"
     out = work / "bench_results" / f"{slug}.json"
     cmd = [sys.executable, "benchmarks/bench.py", "--out", str(out), *shlex.split(args.bench_args)]
     print("+", shlex.join(cmd), flush=True)
     subprocess.run(cmd, cwd=work, check=True)
+    if args.copy_to:
+        Path(args.copy_to).mkdir(parents=True, exist_ok=True)
+        shutil.copy(out, Path(args.copy_to) / out.name)
+    if args.no_upload:
+        print(f"wrote {out} (not uploaded)")
+        return 0
+    upload(out, args.results_repo, commit)
+    return 0
+
+
+def upload(path: Path, results_repo, commit):
     from huggingface_hub import HfApi
 
     api = HfApi()
-    api.create_repo(args.results_repo, repo_type="dataset", exist_ok=True)
-    api.upload_file(path_or_fileobj=str(out), path_in_repo=f"bench_results/{slug}.json",
-                    repo_id=args.results_repo, repo_type="dataset",
-                    commit_message=f"bench_results/{slug}.json at {commit[:12]}")
-    print(f"uploaded bench_results/{slug}.json to {args.results_repo}")
-    return 0
+    api.create_repo(results_repo, repo_type="dataset", exist_ok=True)
+    api.upload_file(path_or_fileobj=str(path), path_in_repo=f"bench_results/{path.name}",
+                    repo_id=results_repo, repo_type="dataset",
+                    commit_message=f"bench_results/{path.name} at {commit[:12]}")
+    print(f"uploaded bench_results/{path.name} to {results_repo}")
 
 
 def parse_args(argv=None):
@@ -240,6 +251,9 @@ def parse_args(argv=None):
     r.add_argument("--results-repo", required=True)
     r.add_argument("--bench-args", default="")
     r.add_argument("--workdir", help="where to clone (default: a new temporary folder)")
+    r.add_argument("--copy-to", help="also copy the result file into this folder")
+    r.add_argument("--no-upload", action="store_true",
+                   help="leave the Hub out (a GPU machine without network: the job's other steps)")
     return ap.parse_args(argv)
 
 

@@ -162,3 +162,20 @@ def test_without_git_the_archive_is_unpacked(tmp_path, monkeypatch):
     assert hf_job.checkout(URL, SHA, tmp_path / "dest") == SHA
     assert opened == [hf_job.archive_url(URL, SHA)]
     assert (tmp_path / "dest" / "benchmarks" / "bench.py").read_bytes() == body
+
+
+def test_the_job_runs_end_to_end_without_the_hub(tmp_path):
+    """The job's steps on this commit, on the CPU: checkout, the benchmark (smoke), the copy."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    env = {**os.environ, "PYTHONPATH": ""}
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "hf_job.py"), "run", "--repo", str(REPO),
+         "--revision", head, "--results-repo", RESULTS, "--no-upload", "--workdir",
+         str(tmp_path / "work"), "--copy-to", str(tmp_path / "out"), "--bench-args",
+         "--smoke --only rerank --dtype fp16 --min-reps 5"],
+        check=True, env=env, timeout=600,
+    )
+    doc = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    assert doc["commit"] == head and doc["dirty"] is False
+    assert {r["workload"] for r in doc["rows"]} == {"rerank"}
