@@ -7,7 +7,6 @@ compares one case with the single-process result.
 
 import datetime
 import os
-import socket
 
 import maxsim
 import pytest
@@ -90,9 +89,9 @@ def _cases(rank, data):
     return out
 
 
-def _worker(rank, port, folder):
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+def _worker(rank, folder):
+    dist.init_process_group(  # a file store: no port to race for
+        "gloo", init_method=f"file://{os.path.join(folder, 'store')}", rank=rank, world_size=WORLD,
         timeout=datetime.timedelta(seconds=TIMEOUT_S),
     )
     try:
@@ -102,12 +101,6 @@ def _worker(rank, port, folder):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """``(data, [rank 0's results, rank 1's results])``."""
@@ -115,7 +108,7 @@ def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("distributed")
     data = _data()
     torch.save(data, folder / "data.pt")
-    context = mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=WORLD, join=False)
+    context = mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=False)
     while not context.join(timeout=TIMEOUT_S):
         pass
     return data, [torch.load(folder / f"rank{r}.pt") for r in range(WORLD)]
