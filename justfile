@@ -42,3 +42,12 @@ demo:
 # What maxsim will run on this machine
 info:
     {{python}} -m maxsim.info
+
+# The benchmark on HF Jobs, one GPU flavor (h100, h200, a100-large, ...): --dry-run prints the
+# submission only; MAXSIM_RESULTS_REPO names the dataset repository that receives the results
+bench-matrix flavor *args:
+    {{python}} scripts/hf_job.py submit --flavor {{flavor}} {{args}}
+
+# Every GPU's bench_results/<gpu>.json from the results repository (then `just render`)
+bench-pull *args:
+    {{python}} scripts/hf_job.py pull {{args}}

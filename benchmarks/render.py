@@ -332,6 +332,37 @@ def all_impls_table(doc) -> list[str]:
     return lines
 
 
+def matrix_table(results) -> list[str]:
+    """One table across GPUs: rows = workloads (non-sweep, with dtype), columns = GPUs; each cell
+    is maxsim's p50 ms and its speed-up over the best peer measured on that GPU."""
+    gpus = [(doc.get("gpu", slug), _index(doc), _peers(doc), doc) for slug, doc in results]
+    keys = []
+    for _, _, _, doc in gpus:
+        for r in doc["rows"]:
+            k = (r["workload"], r["dtype"])
+            if k not in keys and not _is_sweep(doc, r["workload"]):
+                keys.append(k)
+    lines = ["| workload | dtype | " + " | ".join(g[0] for g in gpus) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in gpus) + " |"]
+    for wl, dt in keys:
+        cells = []
+        for _, idx, peers, _ in gpus:
+            ours = idx.get((wl, dt, OURS))
+            if not ours:
+                cells.append("")
+                continue
+            if not _ok(ours):
+                cells.append(ours["status"])
+                continue
+            ms = ours["ms_p50"]
+            ok_peers = [(idx[(wl, dt, p)]["ms_p50"], p) for p in peers
+                        if _ok(idx.get((wl, dt, p)))]
+            best = f" · {f_x(min(ok_peers)[0] / ms)} {min(ok_peers)[1]}" if ok_peers else ""
+            cells.append(f"{f_ms(ms)}{best}")
+        lines.append(f"| {wl} | {dt} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # ----------------------------------------------------------------------------------------------
 # Plots
 # ----------------------------------------------------------------------------------------------
@@ -500,6 +531,11 @@ def render(results, docs_dir: Path, readme_dir: Path, refused=()) -> tuple[str, 
     for name, why in refused:
         out += [f"_Not rendered: `bench_results/{name}` ({why}); re-measure it with "
                 "`python benchmarks/bench.py`._", ""]
+    if len(results) > 1:
+        out += ["### Across GPUs", "", "_maxsim's p50 ms on each GPU · its speed-up over the "
+                "fastest peer measured on that GPU (`just bench-matrix FLAVOR` runs the benchmark "
+                "on HF Jobs, `just bench-pull` fetches the files)._", ""]
+        out += matrix_table(results) + [""]
     for slug, doc in results:
         gpu = doc.get("gpu", slug)
         out += [f"### {gpu}", "", header_line(doc), ""]

@@ -18,6 +18,10 @@ therefore applied to the embeddings, not passed to maxsim as validity masks (whi
 the 0).
 Scores come back in PyLate's dtype: the embeddings' dtype promoted with any floating mask's.
 The patch wins over PyLate's own `backend=` argument and PYLATE_SCORES_BACKEND.
+
+`Contrastive(gather_across_devices=True)` under torch.distributed runs
+`maxsim.distributed.contrastive_loss` instead of gathering the documents itself: the same loss
+and gradients, with the gather overlapped with the local scores and one reduce-scatter back.
 """
 
 from __future__ import annotations
@@ -184,6 +188,51 @@ def _colbert_scores_call(original_call):
     return __call__
 
 
+def _gathered_contrastive(original_forward):
+    """`Contrastive.forward` that, when it gathers across devices under torch.distributed, runs
+    maxsim.distributed.contrastive_loss on the rank's queries and documents (PyLate's own forward
+    otherwise)."""
+
+    @functools.wraps(original_forward)
+    def forward(self, sentence_features, labels=None):
+        import torch.distributed as dist
+
+        if not (
+            getattr(self, "gather_across_devices", False)
+            and dist.is_available()
+            and dist.is_initialized()
+        ):
+            return original_forward(self, sentence_features, labels)
+        return _gathered_loss(self, list(sentence_features), dist.get_world_size())
+
+    return forward
+
+
+def _gathered_loss(loss, sentence_features, world_size):
+    """PyLate's gathered contrastive loss, from maxsim.distributed: each rank's documents are all
+    its groups, positives (group 0) first, so query `i`'s positive is the rank's document `i`."""
+    from pylate.losses.contrastive import extract_skiplist_mask
+
+    from .. import distributed
+
+    model = getattr(loss.model, "module", loss.model)  # under (D)DP
+    embeddings = [
+        torch.nn.functional.normalize(loss.model(f)["token_embeddings"], p=2, dim=-1)
+        for f in sentence_features
+    ]
+    masks = extract_skiplist_mask(sentence_features=sentence_features, skiplist=model.skiplist)
+    queries = embeddings[0]
+    if not model.do_query_expansion:
+        queries = _apply_mask(queries, masks[0])
+    documents = torch.cat([_apply_mask(e, m) for e, m in zip(embeddings[1:], masks[1:])])
+    value = distributed.contrastive_loss(
+        queries, documents, temperature=getattr(loss, "temperature", 1.0)
+    )
+    if not loss.size_average:
+        value = value * queries.size(0)
+    return (value * world_size).to(queries.dtype)  # PyLate scales its gathered loss so
+
+
 def patch() -> bool:
     """Route PyLate's scoring through maxsim. Returns False when MAXSIM_DISABLE is set, True when
     the patch is in place. Raises UnsupportedVersionError for an untested PyLate version."""
@@ -212,6 +261,10 @@ def patch() -> bool:
     _patcher.sweep("pylate", replacements)
     cls = scores.ColBERTScores
     _patcher.swap(cls, "__call__", _colbert_scores_call(cls.__dict__["__call__"]))
+    import pylate.losses.contrastive as contrastive
+
+    loss = contrastive.Contrastive
+    _patcher.swap(loss, "forward", _gathered_contrastive(loss.__dict__["forward"]))
     logger.info("pylate scoring routed through maxsim")
     return True
 

@@ -1,0 +1,239 @@
+"""maxsim.distributed on two gloo processes (CPU) against one process holding everything.
+
+One spawn serves the whole module (starting processes is the slow part): the workers run every
+case on their part of the data, which the parent wrote to disk, and save what they got; each test
+compares one case with the single-process result.
+"""
+
+import datetime
+import os
+
+import maxsim
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from maxsim import distributed
+
+pytestmark = pytest.mark.distributed
+
+WORLD = 2
+TIMEOUT_S = 120
+# The ragged case: queries, documents and document length differ per rank.
+RAGGED = [(3, 5, 7), (4, 6, 12)]
+CORPUS_SHARDS = (13, 8)  # fewer than top_k on rank 1
+
+
+def _grid(*shape):
+    """Multiples of 1/8 in [-1, 1]: exact in every dtype, so scores tie exactly."""
+    return torch.randint(-8, 9, shape).float() / 8
+
+
+def _data():
+    lq, h = 5, 16
+    uniform = [(_grid(4, lq, h).requires_grad_(), torch.randn(4, 9, h)) for _ in range(WORLD)]
+    ragged = []
+    for nq, nd, ld in RAGGED:
+        lengths = torch.randint(1, ld + 1, (nd,), dtype=torch.int32)
+        mask = torch.rand(nd, ld) < 0.8
+        mask[:, 0] = True
+        ragged.append((torch.randn(nq, lq, h), torch.randn(nd, ld, h), lengths, mask,
+                       torch.randint(0, sum(r[1] for r in RAGGED), (nq,))))
+    return {
+        "uniform": [(q.detach(), d) for q, d in uniform],
+        "ragged": ragged,
+        "queries": _grid(6, lq, h),
+        "corpus": _grid(sum(CORPUS_SHARDS), 6, h),
+        "corpus_mask": torch.rand(sum(CORPUS_SHARDS), 6) < 0.9,
+    }
+
+
+def _shard(x, rank):
+    start = sum(CORPUS_SHARDS[:rank])
+    return x[start:start + CORPUS_SHARDS[rank]]
+
+
+def _loss_and_grads(*args, **kwargs):
+    """The rank's loss and its gradients with respect to its queries and documents."""
+    Q, D = args[0].clone().requires_grad_(), args[1].clone().requires_grad_()
+    loss = distributed.contrastive_loss(Q, D, *args[2:], **kwargs)
+    loss.backward()
+    return loss.detach(), Q.grad, D.grad
+
+
+def _cases(rank, data):
+    out = {}
+    q, d = data["uniform"][rank]
+    out["uniform"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
+    out["uniform_again"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
+    out["uniform_one_call"] = _loss_and_grads(q, d, temperature=0.05, overlap=False)
+    out["uniform_normalized"] = _loss_and_grads(q, d, normalize=True)
+    q, d, lengths, mask, targets = data["ragged"][rank]
+    out["ragged_lengths"] = _loss_and_grads(q, d, d_lengths=lengths, targets=targets)
+    out["ragged_mask"] = _loss_and_grads(q, d, None, mask, targets=targets, temperature=0.1,
+                                         overlap=False)  # ragged: blocks all the same
+    out["ragged_bf16"] = _loss_and_grads(q.bfloat16(), d.bfloat16(), None, mask,
+                                         targets=targets)
+    queries, corpus = data["queries"], data["corpus"]
+    shard, shard_mask = _shard(corpus, rank), _shard(data["corpus_mask"], rank)
+    out["retrieve"] = distributed.retrieve(queries, shard, 10)
+    out["retrieve_mask"] = distributed.retrieve(queries, shard, 17, None, shard_mask,
+                                                chunk_size=3)
+    out["retrieve_offset"] = distributed.retrieve(queries, shard, 4,
+                                                  offset=sum(CORPUS_SHARDS[:rank]))
+    out["retrieve_int8"] = distributed.retrieve(queries, _shard(maxsim.quantize(corpus), rank), 7)
+    try:
+        distributed.retrieve(queries, shard, sum(CORPUS_SHARDS) + 1)
+    except ValueError as e:
+        out["retrieve_too_many"] = str(e)
+    return out
+
+
+def _worker(rank, folder):
+    dist.init_process_group(  # a file store: no port to race for
+        "gloo", init_method=f"file://{os.path.join(folder, 'store')}", rank=rank, world_size=WORLD,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    try:
+        torch.save(_cases(rank, torch.load(os.path.join(folder, "data.pt"))),
+                   os.path.join(folder, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """``(data, [rank 0's results, rank 1's results])``."""
+    torch.manual_seed(35)
+    folder = tmp_path_factory.mktemp("distributed")
+    data = _data()
+    torch.save(data, folder / "data.pt")
+    context = mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=False)
+    while not context.join(timeout=TIMEOUT_S):
+        pass
+    return data, [torch.load(folder / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _whole(q_parts, d_parts, lengths=None, masks=None):
+    """One process's batch: queries and documents of every rank, documents padded to the longest,
+    their valid tokens ``[Nd, Ld]`` and the keyword (``d_lengths`` or ``d_mask``) that says so."""
+    ld = max(d.size(1) for d in d_parts)
+    pad = lambda x: torch.nn.functional.pad(x, [0, 0, 0, ld - x.size(1)], value=7.0)  # noqa: E731
+    Q = torch.cat(q_parts).clone().requires_grad_()
+    D = torch.cat([pad(d) for d in d_parts]).requires_grad_()
+    valid = torch.cat([torch.arange(ld) < d.size(1) for d in d_parts for _ in range(len(d))])
+    valid = valid.view(-1, ld)
+    kw = {"d_mask": valid}
+    if lengths is not None:
+        kw = {"d_lengths": torch.cat(lengths)}
+        valid = torch.arange(ld) < kw["d_lengths"][:, None]
+    if masks is not None:
+        kw["d_mask"] = valid = valid & torch.cat(
+            [torch.nn.functional.pad(m, [0, ld - m.size(1)]) for m in masks])
+    return Q, D, valid, kw
+
+
+def _loss_f64(Q, D, valid, targets, temperature, normalize):
+    """The whole batch's loss in float64 and its gradients."""
+    Q, D = Q.detach().double().requires_grad_(), D.detach().double().requires_grad_()
+    q, d = (torch.nn.functional.normalize(x, dim=-1) for x in (Q, D)) if normalize else (Q, D)
+    q_valid = torch.ones(q.shape[:2], dtype=torch.bool)
+    scores = maxsim.reference.maxsim_reference_padded(q[:, None], q_valid[:, None], d[None],
+                                                      valid[None])[0]
+    loss = torch.nn.functional.cross_entropy(scores / temperature, targets)
+    loss.backward()
+    return loss.detach(), Q.grad, D.grad
+
+
+def _relative_error(got, expect):
+    return ((got.double() - expect.double()).norm() / expect.double().norm()).item()
+
+
+def _rank_results(results):
+    """The ranks' mean loss and their gradients over WORLD (what DDP applies), as one batch."""
+    ld = max(r[2].size(1) for r in results)
+    pad = lambda x: torch.nn.functional.pad(x.float(), [0, 0, 0, ld - x.size(1)])  # noqa: E731
+    return (sum(r[0].double() for r in results) / WORLD,
+            torch.cat([r[1].float() for r in results]) / WORLD,
+            torch.cat([pad(r[2]) for r in results]) / WORLD)
+
+
+def _check(results, whole, truth, valid, tol):
+    """The ranks' loss and gradients (padding excluded) are within ``tol`` of the whole batch's;
+    in fp32, or as close to the float64 truth as one fp32 process is, whichever is looser (the
+    summation order differs, and one process is no closer to the truth)."""
+    got = _rank_results(results)
+    for i, (g, w) in enumerate(zip(got, whole)):
+        t = None if truth is None else truth[i]
+        if i == 2:  # the documents' gradient: padding tokens left out
+            g, w, t = g[valid], w[valid], None if t is None else t[valid]
+        if t is None:
+            assert _relative_error(g, w) <= tol
+        else:
+            assert _relative_error(g, t) <= max(tol, 1.5 * _relative_error(w, t))
+
+
+@pytest.mark.parametrize("case,temperature,normalize", [
+    ("uniform", 0.05, False), ("uniform_one_call", 0.05, False), ("uniform_normalized", 1.0, True),
+])
+def test_uniform_loss_equals_one_process(run, case, temperature, normalize):
+    data, results = run
+    Q, D, valid, _ = _whole([q for q, _ in data["uniform"]], [d for _, d in data["uniform"]])
+    loss = maxsim.contrastive_loss(Q, D, temperature=temperature, normalize=normalize)
+    loss.backward()
+    truth = _loss_f64(Q, D, valid, torch.arange(len(Q)), temperature, normalize)
+    _check([r[case] for r in results], (loss.detach(), Q.grad, D.grad), truth, valid, 1e-6)
+
+
+def test_loss_is_deterministic(run):
+    for r in run[1]:
+        for a, b in zip(r["uniform"], r["uniform_again"]):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case,dtype,temperature", [
+    ("ragged_lengths", torch.float32, 1.0), ("ragged_mask", torch.float32, 0.1),
+    ("ragged_bf16", torch.bfloat16, 1.0),
+])
+def test_ragged_loss_equals_one_process(run, case, dtype, temperature):
+    data, results = run
+    parts = data["ragged"]
+    Q, D, valid, kw = _whole(
+        [p[0].to(dtype) for p in parts], [p[1].to(dtype) for p in parts],
+        lengths=[p[2] for p in parts] if case == "ragged_lengths" else None,
+        masks=None if case == "ragged_lengths" else [p[3] for p in parts],
+    )
+    targets = torch.cat([p[4] for p in parts])
+    loss = maxsim.contrastive_loss(Q, D, targets=targets, temperature=temperature, **kw)
+    loss.backward()
+    fp32 = dtype == torch.float32
+    truth = _loss_f64(Q, D, valid, targets, temperature, False) if fp32 else None
+    _check([r[case] for r in results], (loss.detach(), Q.grad, D.grad), truth, valid,
+           1e-6 if fp32 else 1e-2)
+
+
+@pytest.mark.parametrize("case,top_k,kwargs", [
+    ("retrieve", 10, {}), ("retrieve_mask", 17, {"chunk_size": 3}), ("retrieve_offset", 4, {}),
+    ("retrieve_int8", 7, {}),
+])
+def test_sharded_retrieve_equals_one_process(run, case, top_k, kwargs):
+    data, results = run
+    corpus = maxsim.quantize(data["corpus"]) if case == "retrieve_int8" else data["corpus"]
+    mask = data["corpus_mask"] if case == "retrieve_mask" else None
+    scores, ids = maxsim.retrieve(data["queries"], corpus, top_k, None, mask, **kwargs)
+    for got_scores, got_ids in (r[case] for r in results):
+        assert torch.equal(got_ids, ids)
+        assert torch.equal(got_scores, scores)
+
+
+def test_sharded_retrieve_has_ties_broken_by_index(run):
+    _, results = run
+    scores, ids = results[0]["retrieve"]
+    tied = scores[:, 1:] == scores[:, :-1]
+    assert tied.any()  # grid values: the case is exercised
+    assert (ids[:, 1:] > ids[:, :-1])[tied].all()
+
+
+def test_sharded_retrieve_rejects_top_k_above_the_corpus(run):
+    for r in run[1]:
+        assert "top_k" in r["retrieve_too_many"]
