@@ -108,8 +108,9 @@ def test_justfile_has_the_verbs():
 
 def _doc(gpu, ours, peer):
     row = lambda impl, ms: {"workload": "rerank", "dtype": "fp16", "impl": impl,  # noqa: E731
-                            "status": "ok", "ms_p50": ms}
-    return {"schema": 1, "gpu": gpu, "workloads": {"rerank": {"sweep": False}},
+                            "status": "ok", "ms_p50": ms, "commit": "0123abc",
+                            "dirty": False, "gpu": gpu, "date": "2026-11-26"}
+    return {"schema": 2, "gpu": gpu, "workloads": {"rerank": {"sweep": False}},
             "rows": [row("maxsim", ours), row("naive", 1.0), row("flash-maxsim", peer),
                      {**row("late-interaction-kernels", None), "status": "oom"}]}
 
