@@ -6,8 +6,7 @@ template <typename T>
 kernel void read_past_end(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
                           constant long& n [[buffer(2)]], uint3 group_id [[threadgroup_position_in_grid]],
                           uint lane [[thread_index_in_threadgroup]]) {
-  const long i = long(group_id.x) * 32 + lane;
-  if (i < n) y[i] = x[i + 1];
+  for (long i = lane; i < n; i += 32) y[i] = x[i + 1];
 }
 
 // Reverses 32 values through threadgroup memory; with_barrier = 0 leaves out the barrier between

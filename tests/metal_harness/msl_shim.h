@@ -162,12 +162,13 @@ inline void simdgroup_load(simdgroup_matrix<T, 8, 8>& m, const T* src, ulong ele
                            ulong2 origin = ulong2(0), bool transpose = false,
                            int site = __builtin_LINE()) {
   if (origin.x || origin.y) msl_shim::fail("simdgroup_load: offset the pointer, not the origin");
-  msl_shim::block(msl_shim::kSimdgroup, site);  // simdgroup-uniform: every lane must be here
   for (int i = 0; i < 2; ++i) {
     int r, c;
     msl_shim::element_at(msl_shim::lane(), i, r, c);
     m.v[i] = transpose ? src[c * elements_per_row + r] : src[r * elements_per_row + c];
   }
+  // Each lane reads before the lanes meet: a load orders nothing, only barriers do.
+  msl_shim::block(msl_shim::kSimdgroup, site);  // simdgroup-uniform: every lane must be here
 }
 
 template <class T>
@@ -175,12 +176,12 @@ inline void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, T* dst, ulong el
                             ulong2 origin = ulong2(0), bool transpose = false,
                             int site = __builtin_LINE()) {
   if (origin.x || origin.y) msl_shim::fail("simdgroup_store: offset the pointer, not the origin");
-  msl_shim::block(msl_shim::kSimdgroup, site);
   for (int i = 0; i < 2; ++i) {
     int r, c;
     msl_shim::element_at(msl_shim::lane(), i, r, c);
     (transpose ? dst[c * elements_per_row + r] : dst[r * elements_per_row + c]) = m.v[i];
   }
+  msl_shim::block(msl_shim::kSimdgroup, site);
 }
 
 // d = a * b + c: the 32 lanes publish their elements, each lane computes its own elements of d
