@@ -220,3 +220,15 @@ def test_registered_ops_run_autograd_through_the_kernels(runner):
     loss, dq, dd = ops.contrastive_step(*args[:8], args[10], args[11], args[12], targets, 10.0)
     assert torch.isfinite(loss) and dq.shape == q.shape and dd.shape == d.shape
     del keep
+
+
+def test_metal_backend_needs_mps():
+    """Off Apple Silicon the Metal namespace is not loaded, and asking for it says why."""
+    import maxsim
+
+    if torch.backends.mps.is_available():
+        pytest.skip("MPS present: tests/test_mps.py covers it")
+    with pytest.raises(RuntimeError, match="backend='metal'.*mps"):
+        maxsim.select_ops(torch.device("cpu"), "metal")
+    assert maxsim.select_ops(torch.device("cpu"), "auto") is maxsim.select_ops(
+        torch.device("cpu"), "torch")
