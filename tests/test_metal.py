@@ -15,6 +15,7 @@ from conftest import (
 )
 from maxsim import fallback, metal
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
+import metal_harness
 from metal_harness import HarnessLibrary, build_runner, compiler_available
 
 pytestmark = [
@@ -232,3 +233,18 @@ def test_metal_backend_needs_mps():
         maxsim.select_ops(torch.device("cpu"), "metal")
     assert maxsim.select_ops(torch.device("cpu"), "auto") is maxsim.select_ops(
         torch.device("cpu"), "torch")
+
+
+def test_compile_shader_text_is_one_self_contained_unit():
+    """The text torch.mps.compile_shader gets (header inlined, no include path) builds and runs
+    as one translation unit."""
+    text = metal.shader_source()
+    assert '#include "maxsim_common.h"' not in text
+    for kernel in ("maxsim_fwd_float", "maxsim_fwd_half", "maxsim_fwd_bfloat",
+                   "maxsim_gather_rows_float", "maxsim_gather_rows_half",
+                   "maxsim_gather_rows_bfloat"):
+        assert f"MS_KERNEL_INSTANCE({kernel}," in text
+    whole = metal_harness.REPO / "metal" / "compile_shader_source.metal"
+    lib = HarnessLibrary(build_runner([whole], edits={whole: text}), lane_layout=1, schedule=2)
+    args = case("pairs", "packed", "packed", torch.bfloat16, "grid")
+    assert_exact(*metal_fwd(lib, args), *reference_of(args))

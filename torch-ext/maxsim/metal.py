@@ -2,7 +2,7 @@
 
 Two loaders, one shader source, one launch plan:
 
-- a Hub build for Metal ships a compiled extension (``_maxsim_metal*``) whose single op
+- a Hub build for Metal ships a compiled extension (``_maxsim*``) whose single op
   ``launch(kernel, args, threads, group_size)`` dispatches a kernel of its embedded metallib;
 - a pip or editable install compiles the shader text at first use with
   ``torch.mps.compile_shader`` (torch >= 2.7, no Xcode).
@@ -244,12 +244,13 @@ def _scalar_tensor(arg):
 
 
 def _extension_library():
-    """The compiled Hub extension beside this file, or None (pip installs have none)."""
-    here = Path(__file__).resolve().parent
-    for path in sorted(here.glob("_maxsim_metal*.so")):
-        name = path.name.split(".")[0]
-        torch.ops.load_library(str(path))  # registers the op on the module's namespace
-        return _ExtensionLibrary(getattr(torch.ops, name).launch)
+    """The compiled Hub extension beside this file (its namespace has ``launch``), or None: pip
+    installs have none."""
+    for path in sorted(Path(__file__).resolve().parent.glob("_maxsim*.so")):
+        torch.ops.load_library(str(path))  # registers the module's ops on its namespace
+        namespace = getattr(torch.ops, path.name.split(".")[0])
+        if hasattr(namespace, "launch"):
+            return _ExtensionLibrary(namespace.launch)
     return None
 
 
@@ -270,7 +271,7 @@ def load_metal_ops():
     if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         return None, "torch.backends.mps.is_available() is False"
     if not hasattr(torch.mps, "compile_shader") and not any(
-        Path(__file__).resolve().parent.glob("_maxsim_metal*.so")
+        Path(__file__).resolve().parent.glob("_maxsim*.so")
     ):
         return None, "torch.mps.compile_shader needs torch >= 2.7"
     if _LIBRARY is None and not hasattr(getattr(torch.ops, NAMESPACE), "fwd"):
