@@ -19,7 +19,7 @@ kernel void maxsim_gather_rows(device const T* src [[buffer(0)]],
                                uint lane [[thread_index_in_threadgroup]]) {
   const long h = long(group_id.x) * 32 + lane, row = group_id.y;
   if (h >= H || row >= out_rows) return;
-  const long begin = max(0L, long(row_entries[row])), end = min(entries, long(row_entries[row + 1]));
+  const long begin = max_long(0, row_entries[row]), end = min_long(entries, row_entries[row + 1]);
   float acc = 0.0f;
   for (long e = begin; e < end; ++e) {
     const long s = entry_row[e];

@@ -23,3 +23,10 @@ struct bf16_bits {
 inline float to_float(float x) { return x; }
 inline float to_float(half x) { return float(x); }
 inline float to_float(bf16_bits x) { return as_type<float>(uint(x.bits) << 16); }
+
+// NaN by its bits: Apple's compiler defaults to fast math, under which isnan() may fold to false.
+inline bool is_nan_bits(float x) { return (as_type<uint>(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// 64-bit min / max without relying on metal_stdlib's integer overloads for long.
+inline long min_long(long a, long b) { return a < b ? a : b; }
+inline long max_long(long a, long b) { return a > b ? a : b; }

@@ -19,7 +19,7 @@ struct RowMax {
   int nan_index;  // the first NaN similarity, -1 if none
 
   void fold(float s, int j) {
-    if (isnan(s)) {
+    if (is_nan_bits(s)) {
       nan_index = nan_index < 0 ? j : nan_index;
     } else if (index < 0 || s > best) {  // strict: a tie keeps the earlier token
       best = s;
@@ -87,15 +87,15 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
     return;
   }
   const long qs = q_start[qi], ds = d_start[dj];
-  const long lq = min(long(q_count[qi]), max_lq), ld = d_count[dj];
+  const long lq = min_long(q_count[qi], max_lq), ld = d_count[dj];
   const bool q_resident = H <= kDims;  // Q staged once per pass, not once per document tile
   float total = 0.0f;
   for (long q0 = 0; q0 < lq; q0 += kQueryRows) {
-    const int row_tiles = int((min(lq - q0, long(kQueryRows)) + 7) / 8);
+    const int row_tiles = int((min_long(lq - q0, kQueryRows) + 7) / 8);
     RowMax row = {-INFINITY, -1, -1};
     if (q_resident) stage_rows(q_tile, q, qs, q0, lq, q_rows, 0, H, kQueryRows, lane);
     for (long j0 = 0; j0 < ld; j0 += kDocTokens) {
-      const int col_tiles = int((min(ld - j0, long(kDocTokens)) + 7) / 8);
+      const int col_tiles = int((min_long(ld - j0, kDocTokens) + 7) / 8);
       simdgroup_float8x8 acc[4][2];
       for (int rt = 0; rt < 4; ++rt)
         for (int ct = 0; ct < 2; ++ct) acc[rt][ct] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
@@ -103,7 +103,7 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
         if (!q_resident) stage_rows(q_tile, q, qs, q0, lq, q_rows, h0, H, kQueryRows, lane);
         stage_rows(d_tile, d, ds, j0, ld, d_rows, h0, H, kDocTokens, lane);
         threadgroup_barrier(mem_flags::mem_threadgroup);  // staged tiles visible to all lanes
-        multiply_tiles(acc, q_tile, d_tile, row_tiles, col_tiles, int(min(H - h0, long(kDims))));
+        multiply_tiles(acc, q_tile, d_tile, row_tiles, col_tiles, int(min_long(H - h0, kDims)));
         if (!q_resident) threadgroup_barrier(mem_flags::mem_threadgroup);  // before restaging
       }
       for (int rt = 0; rt < row_tiles; ++rt)
@@ -126,7 +126,7 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
       for (int k = 0; k < kQueryRows; ++k) total += row_values[k];  // rows in order
     threadgroup_barrier(mem_flags::mem_threadgroup);  // read before the next pass overwrites
   }
-  for (long i = max(lq, 0L) + lane; with_argmax != 0 && i < max_lq; i += 32) out_argmax[i] = -1;
+  for (long i = max_long(lq, 0) + lane; with_argmax != 0 && i < max_lq; i += 32) out_argmax[i] = -1;
   if (lane == 0) scores[p] = total;
 }
 
