@@ -10,7 +10,18 @@
 
 constant constexpr int kQueryRows = 32;  // one query row per lane when reducing S
 constant constexpr int kDocTokens = 16;  // two 8-wide column tiles per step
-constant constexpr int kDims = 128;      // staged dims: Q (16 KB) + D (8 KB) + S (2 KB) <= 32 KB
+constant constexpr int kDims = 128;      // staged dims: Q 16 KB + D 8 KB + S 2 KB in float
+
+// Tiles keep half tokens as half (exact, and half the threadgroup memory: more groups per core);
+// bfloat16 and float tokens are staged as float.
+template <typename T>
+struct Staged {
+  typedef float type;
+};
+template <>
+struct Staged<half> {
+  typedef half type;
+};
 
 // One query row's max over the document tokens seen so far.
 struct RowMax {
@@ -30,26 +41,26 @@ struct RowMax {
 
 // Rows [row0, row0 + n) x dims [h0, h0 + kDims) of a token matrix into a float tile, zeros where
 // a row is past the segment, outside the matrix, or a dim is past H.
-template <typename T>
-inline void stage_rows(threadgroup float* tile, device const T* x, long start, long row0, long n,
+template <typename T, typename S>
+inline void stage_rows(threadgroup S* tile, device const T* x, long start, long row0, long n,
                        long rows, long h0, long H, int tile_rows, uint lane) {
   for (int i = int(lane); i < tile_rows * kDims; i += 32) {
     long r = row0 + i / kDims, h = h0 + i % kDims, row = start + r;
     bool inside = r < n && row >= 0 && row < rows && h < H;
-    tile[i] = inside ? to_float(x[row * H + h]) : 0.0f;
+    tile[i] = S(inside ? to_float(x[row * H + h]) : 0.0f);
   }
 }
 
 // acc[rt][ct] += Q[rt*8.., k] * D[ct*8.., k]^T over the staged dims.
-inline void multiply_tiles(thread simdgroup_float8x8 acc[4][2], threadgroup const float* q_tile,
-                           threadgroup const float* d_tile, int row_tiles, int col_tiles,
-                           int dims) {
+template <typename S>
+inline void multiply_tiles(thread simdgroup_float8x8 acc[4][2], threadgroup const S* q_tile,
+                           threadgroup const S* d_tile, int row_tiles, int col_tiles, int dims) {
   for (int k = 0; k < dims; k += 8) {
-    simdgroup_float8x8 b[2];
+    simdgroup_matrix<S, 8, 8> b[2];
     for (int ct = 0; ct < col_tiles; ++ct)
       simdgroup_load(b[ct], d_tile + ct * 8 * kDims + k, kDims, ulong2(0, 0), true);
     for (int rt = 0; rt < row_tiles; ++rt) {
-      simdgroup_float8x8 a;
+      simdgroup_matrix<S, 8, 8> a;
       simdgroup_load(a, q_tile + rt * 8 * kDims + k, kDims, ulong2(0, 0), false);
       for (int ct = 0; ct < col_tiles; ++ct)
         simdgroup_multiply_accumulate(acc[rt][ct], a, b[ct], acc[rt][ct]);
@@ -74,8 +85,9 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
                        constant long& with_argmax [[buffer(18)]],
                        uint3 group_id [[threadgroup_position_in_grid]],
                        uint lane [[thread_index_in_threadgroup]]) {
-  MS_THREADGROUP_ARRAY(float, q_tile, kQueryRows * kDims);
-  MS_THREADGROUP_ARRAY(float, d_tile, kDocTokens * kDims);
+  typedef typename Staged<T>::type S;
+  MS_THREADGROUP_ARRAY(S, q_tile, kQueryRows * kDims);
+  MS_THREADGROUP_ARRAY(S, d_tile, kDocTokens * kDims);
   MS_THREADGROUP_ARRAY(float, s_tile, kQueryRows * kDocTokens);
   MS_THREADGROUP_ARRAY(float, row_values, kQueryRows);
   const long p = group_id.x;
