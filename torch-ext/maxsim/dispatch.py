@@ -37,6 +37,11 @@ def cuda_ops():
     return _CUDA_OPS, _CUDA_REASON
 
 
+def metal_ops():
+    """``(ops, reason)``: the ``maxsim_metal`` namespace (MPS tensors), or None and why."""
+    return _METAL_OPS, _METAL_REASON
+
+
 def select_ops(device: torch.device, backend: str = "auto"):
     """The op namespace for tensors on ``device``: the CUDA extension or the Metal kernels when
     they apply, else ``maxsim_torch``.
