@@ -3,6 +3,7 @@ launch plan, against the float64 reference: every layout, padded and packed toke
 fp16 / bf16, masks with holes, ties, NaN, empty segments, H / Lq / Ld tails. Every test runs under
 two simdgroup_matrix lane layouts and two thread schedules."""
 
+import metal_harness
 import pytest
 import torch
 from conftest import (
@@ -15,7 +16,6 @@ from conftest import (
 )
 from maxsim import fallback, metal
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
-import metal_harness
 from metal_harness import HarnessLibrary, build_runner, compiler_available
 
 pytestmark = [

@@ -17,7 +17,8 @@ pytestmark = [
 SCHEDULES = {"mlx-lanes-descending": (0, 1), "permuted-lanes-shuffled": (1, 2)}
 FWD = REPO / "metal" / "maxsim_fwd.metal"
 STAGING_BARRIER = (
-    "        threadgroup_barrier(mem_flags::mem_threadgroup);  // staged tiles visible to all lanes\n"
+    "        threadgroup_barrier(mem_flags::mem_threadgroup);"
+    "  // staged tiles visible to all lanes\n"
 )
 
 

@@ -58,7 +58,9 @@ def select_ops(device: torch.device, backend: str = "auto"):
         return _CUDA_OPS
     if backend == "metal":
         if _METAL_OPS is None:
-            raise RuntimeError(f"backend='metal': the Metal kernels are unavailable: {_METAL_REASON}")
+            raise RuntimeError(
+                f"backend='metal': the Metal kernels are unavailable: {_METAL_REASON}"
+            )
         if device.type != "mps":
             raise ValueError(f"backend='metal': expected tensors on an MPS device, got {device}")
         return _METAL_OPS

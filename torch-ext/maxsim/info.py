@@ -76,7 +76,7 @@ def info(file=sys.stdout):
         device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {count} visible)"
     elif torch.backends.mps.is_available():
         metal, why = metal_ops()
-        device = "Apple MPS (" + ("Metal kernels, maxsim_metal" if metal else f"PyTorch: {why}") + ")"
+        device = "Apple MPS (Metal kernels)" if metal else f"Apple MPS (PyTorch fallback: {why})"
     else:
         device = "CPU only"
     report = {
