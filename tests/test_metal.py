@@ -201,15 +201,22 @@ def test_launch_grids_are_whole_simdgroups(lib):
         assert all(t % g == 0 for t, g in zip(threads, group))
 
 
-def test_registered_ops_run_autograd_through_the_kernels(runner):
-    """The op set registered by maxsim.metal.define_ops (here for CPU tensors on the harness,
-    on a Mac for MPS): autograd reaches bwd, whose gradients match the fallback's."""
+@pytest.fixture(scope="module")
+def harness_ops(runner):
+    """The op set as maxsim.metal.define_ops registers it for MPS, here for CPU tensors on the
+    harness (permuted lanes, shuffled threads)."""
     lib = HarnessLibrary(runner, lane_layout=1, schedule=2)
-    keep = metal.define_ops("maxsim_metal_harness", lambda: lib, "CPU")
-    ops = torch.ops.maxsim_metal_harness
+    library = metal.define_ops("maxsim_metal_harness", lambda: lib, "CPU")
+    yield torch.ops.maxsim_metal_harness
+    del library
+
+
+def test_registered_ops_run_autograd_through_the_kernels(harness_ops):
+    """Autograd of the registered fwd reaches the registered bwd, whose gradients match the
+    fallback's; the contrastive step runs."""
     args = list(case("grouped", "padded", "padded", torch.float32, "grid"))
     q, d = args[0].requires_grad_(), args[1].requires_grad_()
-    scores, _ = ops.fwd(*args)
+    scores, _ = harness_ops.fwd(*args)
     (scores * 0.25).sum().backward()
     ref_q, ref_d = q.detach(), d.detach()
     ref_scores, ref_argmax = fallback.fwd(ref_q, ref_d, *args[2:])
@@ -218,9 +225,19 @@ def test_registered_ops_run_autograd_through_the_kernels(runner):
     assert torch.equal(scores.detach(), ref_scores)
     assert torch.equal(q.grad, ref[0]) and torch.equal(d.grad, ref[1])
     targets = torch.zeros(q.size(0), dtype=torch.int64)
-    loss, dq, dd = ops.contrastive_step(*args[:8], args[10], args[11], args[12], targets, 10.0)
+    step = harness_ops.contrastive_step(*args[:8], args[10], args[11], args[12], targets, 10.0)
+    loss, dq, dd = step
     assert torch.isfinite(loss) and dq.shape == q.shape and dd.shape == d.shape
-    del keep
+
+
+def test_registered_ops_pass_opcheck(harness_ops):
+    """Schemas, fake kernels and autograd registration as torch.compile needs them."""
+    args = case("pairs", "packed", "padded", torch.float32, "grid", nq=2, nd=3)
+    torch.library.opcheck(harness_ops.fwd.default, args)
+    scores, argmax = harness_ops.fwd(*args)
+    bwd_args = (torch.ones_like(scores), args[0], args[1], argmax, args[2], args[5], args[8],
+                args[9], PAIRS, 0)
+    torch.library.opcheck(harness_ops.bwd.default, bwd_args)
 
 
 def test_metal_backend_needs_mps():
