@@ -265,3 +265,18 @@ def test_compile_shader_text_is_one_self_contained_unit():
     lib = HarnessLibrary(build_runner([whole], edits={whole: text}), lane_layout=1, schedule=2)
     args = case("pairs", "packed", "packed", torch.bfloat16, "grid")
     assert_exact(*metal_fwd(lib, args), *reference_of(args))
+
+
+def test_hub_binding_convention_runs_the_same_plan(runner):
+    """The Hub build's launch op gets Python ints and floats as one-element CPU tensors (the
+    binding passes those by value): a stand-in op that binds them the same way runs the plan."""
+    lib = HarnessLibrary(runner, lane_layout=1, schedule=2)
+
+    def launch(kernel, tensors, threads, group_size):
+        assert isinstance(threads, list) and isinstance(group_size, list)
+        args = [t.item() if t.device.type == "cpu" and t.dim() == 1 and t.numel() == 1
+                and t.dtype in (torch.int64, torch.float32) else t for t in tensors]
+        getattr(lib, kernel)(*args, threads=threads, group_size=group_size)
+
+    args = case("allpairs", "packed", "padded", torch.float16, "grid")
+    assert_exact(*metal_fwd(metal._ExtensionLibrary(launch), args), *reference_of(args))
