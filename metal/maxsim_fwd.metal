@@ -39,15 +39,18 @@ struct RowMax {
   }
 };
 
-// Rows [row0, row0 + n) x dims [h0, h0 + kDims) of a token matrix into a float tile, zeros where
-// a row is past the segment, outside the matrix, or a dim is past H.
+// Rows [row0, row0 + n) x dims [h0, h0 + kDims) of a token matrix into a tile, zeros where a row
+// is past the segment or outside the matrix, or a dim is past H. Lanes take consecutive dims of
+// one row (coalesced reads; one 64-bit row offset per row).
 template <typename T, typename S>
 inline void stage_rows(threadgroup S* tile, device const T* x, long start, long row0, long n,
                        long rows, long h0, long H, int tile_rows, uint lane) {
-  for (int i = int(lane); i < tile_rows * kDims; i += 32) {
-    long r = row0 + i / kDims, h = h0 + i % kDims, row = start + r;
-    bool inside = r < n && row >= 0 && row < rows && h < H;
-    tile[i] = S(inside ? to_float(x[row * H + h]) : 0.0f);
+  for (int r = 0; r < tile_rows; ++r) {
+    const long row = start + row0 + r;
+    const bool inside = row0 + r < n && row >= 0 && row < rows;
+    device const T* src = x + (inside ? row * H : 0);
+    for (int c = int(lane); c < kDims; c += 32)
+      tile[r * kDims + c] = S(inside && h0 + c < H ? to_float(src[h0 + c]) : 0.0f);
   }
 }
 
