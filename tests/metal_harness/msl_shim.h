@@ -176,12 +176,13 @@ inline void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, T* dst, ulong el
                             ulong2 origin = ulong2(0), bool transpose = false,
                             int site = __builtin_LINE()) {
   if (origin.x || origin.y) msl_shim::fail("simdgroup_store: offset the pointer, not the origin");
+  // The lanes meet first, then each writes: a store orders nothing after it, only barriers do.
+  msl_shim::block(msl_shim::kSimdgroup, site);
   for (int i = 0; i < 2; ++i) {
     int r, c;
     msl_shim::element_at(msl_shim::lane(), i, r, c);
     (transpose ? dst[c * elements_per_row + r] : dst[r * elements_per_row + c]) = m.v[i];
   }
-  msl_shim::block(msl_shim::kSimdgroup, site);
 }
 
 // d = a * b + c: the 32 lanes publish their elements, each lane computes its own elements of d
