@@ -54,19 +54,22 @@ inline void stage_rows(threadgroup S* tile, device const T* x, long start, long 
   }
 }
 
-// acc[rt][ct] += Q[rt*8.., k] * D[ct*8.., k]^T over the staged dims.
+// acc[rt][ct] += Q[rt*8.., k] * D[ct*8.., k]^T over the staged dims. Loop bounds are constants
+// and the tile counts only guard (uniform branches): the loops unroll and acc stays in registers.
 template <typename S>
 inline void multiply_tiles(thread simdgroup_float8x8 acc[4][2], threadgroup const S* q_tile,
                            threadgroup const S* d_tile, int row_tiles, int col_tiles, int dims) {
   for (int k = 0; k < dims; k += 8) {
     simdgroup_matrix<S, 8, 8> b[2];
-    for (int ct = 0; ct < col_tiles; ++ct)
-      simdgroup_load(b[ct], d_tile + ct * 8 * kDims + k, kDims, ulong2(0, 0), true);
-    for (int rt = 0; rt < row_tiles; ++rt) {
+    for (int ct = 0; ct < 2; ++ct)
+      if (ct < col_tiles)
+        simdgroup_load(b[ct], d_tile + ct * 8 * kDims + k, kDims, ulong2(0, 0), true);
+    for (int rt = 0; rt < 4; ++rt) {
+      if (rt >= row_tiles) continue;
       simdgroup_matrix<S, 8, 8> a;
       simdgroup_load(a, q_tile + rt * 8 * kDims + k, kDims, ulong2(0, 0), false);
-      for (int ct = 0; ct < col_tiles; ++ct)
-        simdgroup_multiply_accumulate(acc[rt][ct], a, b[ct], acc[rt][ct]);
+      for (int ct = 0; ct < 2; ++ct)
+        if (ct < col_tiles) simdgroup_multiply_accumulate(acc[rt][ct], a, b[ct], acc[rt][ct]);
     }
   }
 }
@@ -113,7 +116,8 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
       const int col_tiles = int((min_long(ld - j0, kDocTokens) + 7) / 8);
       simdgroup_float8x8 acc[4][2];
       for (int rt = 0; rt < 4; ++rt)
-        for (int ct = 0; ct < 2; ++ct) acc[rt][ct] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        for (int ct = 0; ct < 2; ++ct)
+          acc[rt][ct] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
       for (long h0 = 0; h0 < H; h0 += kDims) {
         if (!q_resident) stage_rows(q_tile, q, qs, q0, lq, q_rows, h0, H, kQueryRows, lane);
         stage_rows(d_tile, d, ds, j0, ld, d_rows, h0, H, kDocTokens, lane);
@@ -121,9 +125,10 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
         multiply_tiles(acc, q_tile, d_tile, row_tiles, col_tiles, int(min_long(H - h0, kDims)));
         if (!q_resident) threadgroup_barrier(mem_flags::mem_threadgroup);  // before restaging
       }
-      for (int rt = 0; rt < row_tiles; ++rt)
-        for (int ct = 0; ct < col_tiles; ++ct)
-          simdgroup_store(acc[rt][ct], s_tile + rt * 8 * kDocTokens + ct * 8, kDocTokens);
+      for (int rt = 0; rt < 4; ++rt)
+        for (int ct = 0; ct < 2; ++ct)
+          if (rt < row_tiles && ct < col_tiles)
+            simdgroup_store(acc[rt][ct], s_tile + rt * 8 * kDocTokens + ct * 8, kDocTokens);
       threadgroup_barrier(mem_flags::mem_threadgroup);  // S complete before lanes read rows
       for (int j = 0; j < kDocTokens && j0 + j < ld; ++j) {
         const long r = ds + j0 + j;

@@ -4,7 +4,8 @@
 // Reads one element past the end of its input.
 template <typename T>
 kernel void read_past_end(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
-                          constant long& n [[buffer(2)]], uint3 group_id [[threadgroup_position_in_grid]],
+                          constant long& n [[buffer(2)]],
+                          uint3 group_id [[threadgroup_position_in_grid]],
                           uint lane [[thread_index_in_threadgroup]]) {
   for (long i = lane; i < n; i += 32) y[i] = x[i + 1];
 }

@@ -51,7 +51,7 @@ inline void element_at(unsigned lane, int i, int& row, int& col) {
 
 }  // namespace msl_shim
 
-// ---- Types, conversions, math ------------------------------------------------------------------
+// ---- Types, conversions, math -------------------------------------------------------------------
 typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;
@@ -80,14 +80,14 @@ inline T max(T a, T b) { return a > b ? a : b; }
 template <class T>
 inline T min(T a, T b) { return a < b ? a : b; }
 
-// ---- Address spaces and attributes ---------------------------------------------------------------
+// ---- Address spaces and attributes --------------------------------------------------------------
 #define device
 #define constant
 #define thread
 #define threadgroup
 #define kernel
 
-// ---- Barriers and SIMD collectives -------------------------------------------------------------
+// ---- Barriers and SIMD collectives --------------------------------------------------------------
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
 
 inline void threadgroup_barrier(mem_flags, int site = __builtin_LINE()) {
@@ -133,7 +133,7 @@ inline float simd_broadcast(float v, ushort from, int site = __builtin_LINE()) {
   return simd_shuffle(v, from, site);
 }
 
-// ---- simdgroup_matrix ----------------------------------------------------------------------------
+// ---- simdgroup_matrix ---------------------------------------------------------------------------
 template <class T, int Cols, int Rows>
 struct simdgroup_matrix {
   static_assert(Cols == 8 && Rows == 8, "simdgroup_matrix: only 8x8 exists");
@@ -220,7 +220,7 @@ inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d,
   }
 }
 
-// ---- Kernel registration -------------------------------------------------------------------------
+// ---- Kernel registration ------------------------------------------------------------------------
 namespace msl_shim {
 
 using Invoker = void (*)(void* fn, void** args, uint3 group, uint thread_in_group);
@@ -259,6 +259,7 @@ struct Registrar {
 }  // namespace msl_shim
 
 // Threadgroup arrays are allocated per threadgroup (every thread of the group gets the same one).
-#define MS_THREADGROUP_ARRAY(T, name, n) T* name = static_cast<T*>(msl_shim::tg_alloc(sizeof(T) * (n)))
+#define MS_THREADGROUP_ARRAY(T, name, n) \
+  T* name = static_cast<T*>(msl_shim::tg_alloc(sizeof(T) * (n)))
 #define MS_KERNEL_INSTANCE(host_name, fn, ...) \
   static msl_shim::Registrar ms_registrar_##host_name(#host_name, &fn<__VA_ARGS__>);

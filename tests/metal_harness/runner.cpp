@@ -134,11 +134,13 @@ bool release_simdgroups(Launch& l) {
   for (unsigned s = 0; s < l.size / 32; ++s) {
     Fiber* lanes = &l.fibers[s * 32];
     int waiting = 0;
-    for (int i = 0; i < 32; ++i) waiting += lanes[i].state == kBlocked && lanes[i].scope == kSimdgroup;
+    for (int i = 0; i < 32; ++i)
+      waiting += lanes[i].state == kBlocked && lanes[i].scope == kSimdgroup;
     if (waiting == 0) continue;
     if (waiting != 32) fail("a SIMD collective or simdgroup barrier ran with fewer than 32 lanes");
     for (int i = 1; i < 32; ++i)
-      if (lanes[i].site != lanes[0].site) fail("lanes of a simdgroup reached different collectives");
+      if (lanes[i].site != lanes[0].site)
+        fail("lanes of a simdgroup reached different collectives");
     for (int i = 0; i < 32; ++i) lanes[i].state = kRunnable;
     released = true;
   }
