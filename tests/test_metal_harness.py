@@ -1,10 +1,11 @@
-"""Negative controls of the Metal CPU harness: broken shaders that it must catch (an
-out-of-bounds read, a missing barrier, divergent barriers, a partial-simdgroup matrix load, too
-much threadgroup memory), and the real forward shader with any one of its barriers removed."""
+"""The Metal CPU harness itself: SIMD collectives across two simdgroups, and negative controls
+that it must catch: an out-of-bounds read, a missing barrier, divergent barriers, a
+partial-simdgroup matrix load, too much threadgroup memory, and the real forward shader with any
+one of its barriers removed."""
 
 import pytest
 import torch
-from conftest import op_args, reference_of, token_set
+from conftest import op_args, reference_of, token_set, values
 from maxsim import metal
 from maxsim.layouts import ALLPAIRS
 from metal_harness import HERE, REPO, HarnessError, HarnessLibrary, build_runner, compiler_available
@@ -38,6 +39,17 @@ def run(lib, kernel, flag=1, n=64):
     y = torch.zeros(n)
     getattr(lib, kernel)(x, y, flag, threads=32, group_size=32)
     return x, y
+
+
+def test_simd_collectives_in_two_simdgroups(broken):
+    x = values((64,), kind="grid")
+    y = torch.zeros(64, 4)
+    broken.collectives_float(x, y, 0, threads=64, group_size=64)
+    halves = x.view(2, 32)
+    assert torch.equal(y[:, 0], halves.sum(1).repeat_interleave(32))
+    assert torch.equal(y[:, 1], halves.amax(1).repeat_interleave(32))
+    assert torch.equal(y[:, 2], halves.flip(1).reshape(64))
+    assert torch.equal(y[:, 3], x.sum().expand(64))
 
 
 def test_out_of_bounds_read_is_reported(broken):

@@ -1,5 +1,26 @@
-// Deliberately broken kernels: the harness must catch every one (tests/test_metal_harness.py).
+// Kernels that test the harness itself (tests/test_metal_harness.py): SIMD collectives in a
+// threadgroup of two simdgroups, then deliberately broken kernels that it must catch.
 #include "maxsim_common.h"
+
+// Per thread of a 64-thread group: its simdgroup's sum and max, the value of lane 31 - lane, and
+// the group's total through threadgroup memory.
+template <typename T>
+kernel void collectives(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
+                        constant long& unused [[buffer(2)]],
+                        uint3 group_id [[threadgroup_position_in_grid]],
+                        uint t [[thread_index_in_threadgroup]]) {
+  MS_THREADGROUP_ARRAY(float, sums, 2);
+  const uint lane = t % 32;
+  const float v = x[t];
+  const float sum = simd_sum(v), largest = simd_max(v);
+  const float mirrored = simd_shuffle(v, ushort(31 - lane));
+  if (lane == 0) sums[t / 32] = sum;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  y[t * 4] = sum;
+  y[t * 4 + 1] = largest;
+  y[t * 4 + 2] = mirrored;
+  y[t * 4 + 3] = sums[0] + sums[1];
+}
 
 // Reads one element past the end of its input.
 template <typename T>
@@ -56,6 +77,7 @@ kernel void too_much_threadgroup_memory(device const T* x [[buffer(0)]], device 
   y[lane] = big[31 - lane];
 }
 
+MS_KERNEL_INSTANCE(collectives_float, collectives, float)
 MS_KERNEL_INSTANCE(read_past_end_float, read_past_end, float)
 MS_KERNEL_INSTANCE(reverse_through_threadgroup_float, reverse_through_threadgroup, float)
 MS_KERNEL_INSTANCE(divergent_barrier_float, divergent_barrier, float)
