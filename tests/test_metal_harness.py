@@ -52,6 +52,16 @@ def test_simd_collectives_in_two_simdgroups(broken):
     assert torch.equal(y[:, 3], x.sum().expand(64))
 
 
+@pytest.mark.parametrize("threads, group, message", [
+    (2048, 2048, "threads per threadgroup must be 1 .. 1024"),
+    (96, 64, "threads must be a multiple of group_size"),
+])
+def test_launch_geometry_is_checked(broken, threads, group, message):
+    with pytest.raises(HarnessError, match=message):
+        broken.collectives_float(torch.zeros(threads), torch.zeros(threads, 4), 0,
+                                 threads=threads, group_size=group)
+
+
 def test_out_of_bounds_read_is_reported(broken):
     with pytest.raises(HarnessError, match="AddressSanitizer: heap-buffer-overflow"):
         run(broken, "read_past_end_float", flag=64)
