@@ -73,7 +73,8 @@ def test_fwd_exact_on_grid_values(lib, layout_name, kinds, dtype):
 
 @pytest.mark.parametrize(
     "h, lq, ld",
-    [(1, 1, 1), (7, 8, 9), (8, 33, 16), (17, 31, 17), (129, 5, 3), (200, 9, 19)],
+    [(1, 1, 1), (7, 8, 9), (8, 33, 16), (17, 31, 17), (128, 32, 15), (127, 2, 31),
+     (129, 5, 3), (200, 9, 19)],
     ids=lambda v: str(v),
 )
 def test_fwd_fp32_within_1e6_of_float64(lib, h, lq, ld):
