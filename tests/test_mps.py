@@ -81,3 +81,26 @@ def test_contrastive_step():
     torch.testing.assert_close(loss.cpu(), ref[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dq.cpu().float(), ref[1].float(), rtol=2e-3, atol=1e-4)
     torch.testing.assert_close(dd.cpu().float(), ref[2].float(), rtol=2e-3, atol=1e-4)
+
+
+def test_varlen_retrieve_and_quantized_entry_points():
+    """Packed tokens, the top-k search and 8-bit tokens run on mps as on the CPU."""
+    lengths_q, lengths_d = torch.tensor([5, 1, 9]), torch.tensor([3, 17, 0, 8, 40, 2])
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.long), lengths_q.cumsum(0)]).int()
+    cu_d = torch.cat([torch.zeros(1, dtype=torch.long), lengths_d.cumsum(0)]).int()
+    q, d = values((int(cu_q[-1]), 64), kind="grid"), values((int(cu_d[-1]), 64), kind="grid")
+    on_mps = maxsim.maxsim_varlen(q.to("mps"), cu_q.to("mps"), d.to("mps"), cu_d.to("mps"),
+                                  max_seqlen_q=9)
+    on_cpu = maxsim.maxsim_varlen(q, cu_q, d, cu_d, max_seqlen_q=9, backend="torch")
+    torch.testing.assert_close(on_mps.cpu(), on_cpu, rtol=0, atol=0)
+
+    Q, corpus = torch.randn(3, 16, 64), torch.randn(50, 30, 64)
+    scores, index = maxsim.retrieve(Q.to("mps"), corpus.to("mps"), 5)
+    ref_scores, ref_index = maxsim.retrieve(Q, corpus, 5, backend="torch")
+    torch.testing.assert_close(scores.cpu(), ref_scores, rtol=1e-5, atol=1e-4)
+    assert torch.equal(index.cpu(), ref_index)
+
+    codes = maxsim.quantize(corpus.to("mps"))
+    torch.testing.assert_close(maxsim.maxsim(Q.to("mps"), codes).cpu(),
+                               maxsim.maxsim(Q, maxsim.quantize(corpus), backend="torch"),
+                               rtol=1e-5, atol=1e-4)
