@@ -26,8 +26,10 @@ struct Staged<half> {
 // One query row's max over the document tokens seen so far.
 struct RowMax {
   float best;
-  int index;      // -1 until a valid token was seen
+  int index;      // the first token of the best non-NaN similarity, -1 if none yet
   int nan_index;  // the first NaN similarity, -1 if none
+
+  bool seen() const { return index >= 0 || nan_index >= 0; }  // any valid document token
 
   void fold(float s, int j) {
     if (is_nan_bits(s)) {
@@ -137,7 +139,7 @@ kernel void maxsim_fwd(device const T* q [[buffer(0)]], device const T* d [[buff
       }
     }
     const long i = q0 + lane, r = qs + i;
-    const bool counts = i < lq && r >= 0 && r < q_rows && q_valid[r] != 0 && row.index >= 0;
+    const bool counts = i < lq && r >= 0 && r < q_rows && q_valid[r] != 0 && row.seen();
     const int index = !counts ? -1 : row.nan_index >= 0 ? row.nan_index : row.index;
     if (with_argmax != 0 && i < lq) out_argmax[i] = index;
     row_values[lane] = !counts ? 0.0f : row.nan_index >= 0 ? NAN : row.best;

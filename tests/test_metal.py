@@ -100,7 +100,8 @@ def test_fwd_ties_take_the_lowest_index(lib, dtype):
 
 def test_fwd_nan_wins_and_padding_never_does(lib):
     """A NaN in a valid document token makes the score NaN with the first NaN as argmax; NaN
-    and inf in masked tokens change nothing; all -inf similarities pick the first valid token."""
+    and inf in masked tokens change nothing; all -inf similarities pick the first valid token, all
+    NaN ones the first valid token too."""
     q = values((2, 4, 9), kind="grid")
     d = values((4, 7, 9), kind="grid")
     d_mask = torch.ones(4, 7, dtype=torch.bool)
@@ -112,6 +113,7 @@ def test_fwd_nan_wins_and_padding_never_does(lib):
     d_mask[2, 4] = False  # masked inf: ignored
     q[1, 0] = 0.0
     q[1, 0, 0] = float("inf")  # products -inf or NaN with every token
+    q[0, 1] = float("nan")  # a valid token whose every similarity is NaN
     args = (q, d, None, None, None, None, None, d_mask, None, None, ALLPAIRS, 0, 4, True, False)
     scores, argmax = metal_fwd(lib, args)
     ref_scores, ref_argmax = fallback.fwd(*args)
