@@ -122,6 +122,16 @@ def test_fwd_nan_wins_and_padding_never_does(lib):
     assert scores[:, 0].isnan().all() and argmax[0, 0, 0] == 3
 
 
+def test_fwd_packed_queries_longer_than_max_lq(lib):
+    """Packed query tokens past max_lq are not scored (the bound the kernels size work by)."""
+    q = token_set("packed", 4, 11, 16, torch.float16, "cpu", "grid")
+    d = token_set("padded", 3, 9, 16, torch.float16, "cpu", "grid")
+    args = op_args(q, d, ALLPAIRS, max_lq=4)
+    scores, argmax = metal_fwd(lib, args)
+    ref_scores, ref_argmax = fallback.fwd(*args)
+    assert torch.equal(scores, ref_scores) and torch.equal(argmax, ref_argmax)
+
+
 @pytest.mark.parametrize("shape", ["no-queries", "no-documents", "empty-tokens", "no-pairs"])
 def test_fwd_empty(lib, shape):
     nq, nd, lq, ld = {"no-queries": (0, 3, 4, 5), "no-documents": (2, 0, 4, 5),
