@@ -132,11 +132,14 @@ def test_fwd_packed_queries_longer_than_max_lq(lib):
     assert torch.equal(scores, ref_scores) and torch.equal(argmax, ref_argmax)
 
 
-@pytest.mark.parametrize("shape", ["no-queries", "no-documents", "empty-tokens", "no-pairs"])
+@pytest.mark.parametrize(
+    "shape", ["no-queries", "no-documents", "empty-tokens", "no-pairs", "no-dims"]
+)
 def test_fwd_empty(lib, shape):
-    nq, nd, lq, ld = {"no-queries": (0, 3, 4, 5), "no-documents": (2, 0, 4, 5),
-                      "empty-tokens": (2, 3, 0, 0), "no-pairs": (2, 3, 4, 5)}[shape]
-    q, d = values((nq, lq, 8)), values((nd, ld, 8))
+    nq, nd, lq, ld, h = {"no-queries": (0, 3, 4, 5, 8), "no-documents": (2, 0, 4, 5, 8),
+                         "empty-tokens": (2, 3, 0, 0, 8), "no-pairs": (2, 3, 4, 5, 8),
+                         "no-dims": (2, 3, 4, 5, 0)}[shape]
+    q, d = values((nq, lq, h)), values((nd, ld, h))
     layout, pq = (PAIRS, torch.zeros(0, dtype=torch.int32)) if shape == "no-pairs" else (
         ALLPAIRS, None)
     args = (q, d, None, None, None, None, None, None, pq, pq, layout, 0, lq, True, False)

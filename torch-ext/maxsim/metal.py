@@ -15,6 +15,7 @@ formulas as every other namespace.
 """
 
 import functools
+import math
 from pathlib import Path
 
 import torch
@@ -112,9 +113,7 @@ def launch_fwd(lib, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_
                pair_d, layout, group, max_lq, with_argmax):
     """The ``fwd`` op on ``lib``: one threadgroup of one simdgroup per scored pair."""
     shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
-    pairs = 1
-    for n in shape:
-        pairs *= n
+    pairs = math.prod(shape)
     scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
     argmax = torch.full((*shape, max_lq) if with_argmax else (0,), -1, dtype=torch.int32,
                         device=q.device)
@@ -131,7 +130,7 @@ def launch_fwd(lib, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_
         _bindable(q), _bindable(d.to(q.dtype)), _bindable(q_start), _bindable(q_count),
         _bindable(q_valid), _bindable(d_start), _bindable(d_count), _bindable(d_valid),
         qi.int().contiguous(), dj.int().contiguous(), out_scores, out_argmax,
-        h, q.numel() // max(h, 1), d.numel() // max(h, 1), nq, nd, max_lq, int(with_argmax),
+        h, q.shape[:-1].numel(), d.shape[:-1].numel(), nq, nd, max_lq, int(with_argmax),
         threads=pairs * SIMD_WIDTH, group_size=SIMD_WIDTH,
     )
     return scores, argmax
@@ -159,7 +158,7 @@ def launch_bwd(lib, grad, q, d, argmax, q_offsets, d_offsets, pair_q, pair_d, la
     """The ``bwd`` op on ``lib``: the winning (pair, query token) entries gathered per row of dQ
     and per row of dD, without atomics."""
     h = q.size(-1)
-    q_rows, d_rows = q.numel() // max(h, 1), d.numel() // max(h, 1)
+    q_rows, d_rows = q.shape[:-1].numel(), d.shape[:-1].numel()
     pairs, width = grad.numel(), argmax.size(-1)
     dq = torch.zeros(q_rows, h, dtype=torch.float32, device=q.device)
     dd = torch.zeros(d_rows, h, dtype=torch.float32, device=q.device)
