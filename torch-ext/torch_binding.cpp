@@ -3,7 +3,11 @@
 #if defined(METAL_KERNEL)
 // The Metal build registers one op, which launches a kernel of its metallib (metal/maxsim_metal.mm);
 // maxsim/metal.py plans every launch and registers the ops' MPS kernels on top of it.
+#include <ATen/ATen.h>
 #include <torch/library.h>
+
+#include <string>
+#include <vector>
 
 #include "registration.h"
 
@@ -12,8 +16,9 @@ void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
   m.def("launch(str kernel, Tensor[] args, int[] threads, int[] group_size) -> ()");
-  m.impl("launch", torch::kMPS, &metal_launch);
 }
+
+TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, MPS, m) { m.impl("launch", &metal_launch); }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 #else
