@@ -19,6 +19,11 @@ lint:
 bench *args:
     {{python}} benchmarks/bench.py {{args}}
 
+# Benchmarks on Apple Silicon (mps): maxsim's Metal kernels vs naive PyTorch on mps, into
+# bench_results/apple-<chip>.json; arguments go to bench.py (e.g. --only rerank,train_small)
+bench-metal *args:
+    {{python}} benchmarks/bench.py --impl maxsim,maxsim-autograd,naive {{args}}
+
 # Run one example by number: just example 01
 example n:
     {{python}} examples/{{n}}_*.py

@@ -41,6 +41,10 @@ def shipped_sources():
     return [p.relative_to(ROOT) for p in recipe.source_files(ROOT)]
 
 
+def metal_sources():
+    return sorted(p.relative_to(ROOT) for p in (ROOT / "metal").glob("*") if p.is_file())
+
+
 def copy_files(relative_paths, dest):
     for rel in relative_paths:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +58,8 @@ class BuildPyWithSources(build_py):
         super().run()
         if not self.editable_mode:  # an editable install finds them in the repository
             copy_files(shipped_sources(), Path(self.build_lib) / "maxsim" / "_src")
+            # The Metal shaders' text, compiled on a Mac at first use (maxsim/metal.py).
+            copy_files(metal_sources(), Path(self.build_lib) / "maxsim")
 
 
 class SdistWithSources(sdist):
@@ -61,7 +67,8 @@ class SdistWithSources(sdist):
 
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
-        copy_files(shipped_sources() + [Path("build.toml"), Path("flake.nix")], Path(base_dir))
+        extra = [Path("build.toml"), Path("flake.nix"), *metal_sources()]
+        copy_files(shipped_sources() + extra, Path(base_dir))
 
 
 def cuda_build():

@@ -51,8 +51,11 @@ DTYPE_ORDER = ["fp16", "bf16", "fp32"]
 
 
 def gpu_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'NVIDIA GeForce RTX 4090' -> 'rtx4090'."""
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'NVIDIA GeForce RTX 4090' -> 'rtx4090';
+    'Apple M2 Max' -> 'apple-m2-max'."""
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    if words[:1] == ["apple"]:
+        return "-".join(words)
     words = [w for w in words if w not in ("nvidia", "geforce", "tesla", "quadro")]
     for i, w in enumerate(words):
         if re.search(r"\d", w) and not re.fullmatch(r"\d+gb", w):
@@ -78,6 +81,15 @@ def git_state() -> tuple[str, bool]:
     commit = os.environ.get("MAXSIM_COMMIT", "unknown")
     dirty = os.environ.get("MAXSIM_DIRTY", "1").strip().lower() not in ("0", "false", "no", "")
     return commit, dirty
+
+
+def apple_chip() -> str:
+    """'Apple M2 Max' (the chip's name as macOS reports it)."""
+    try:
+        return subprocess.check_output(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                       text=True).strip() or "Apple"
+    except (OSError, subprocess.CalledProcessError):
+        return "Apple"
 
 
 def driver_version() -> str | None:
@@ -106,6 +118,8 @@ def triton_version() -> str:
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 MAX_REPS = 300  # timed calls per row at most
@@ -146,6 +160,7 @@ def time_calls(fns, device, *, min_reps=30, max_reps=MAX_REPS, target_s=0.4, war
     for r in range(reps):
         t = time.perf_counter()
         fns[r % n]()
+        sync(device)  # MPS queues its work: the wall time of one call ends when it has run
         ms.append((time.perf_counter() - t) * 1e3)
     return ms
 
@@ -570,9 +585,15 @@ def main(argv=None, extra_impls=None):
         gpu, l2 = "cpu", 1 << 20
         impls = extra_impls or [Maxsim(backend="torch"), MaxsimAutograd(backend="torch"),
                                 MaxsimCompat(backend="torch"), TorchFloor(), Naive()]
+    elif not torch.cuda.is_available() and torch.backends.mps.is_available():
+        # Apple Silicon: the Metal kernels against naive PyTorch, both on mps.
+        device = torch.device("mps")
+        gpu, l2 = apple_chip(), 8 << 20
+        impls = [Maxsim(), MaxsimAutograd(), Naive()]
     else:
         if not torch.cuda.is_available():
-            sys.exit("bench.py needs a CUDA GPU (use --smoke to exercise it on the CPU)")
+            sys.exit("bench.py needs a CUDA GPU or Apple's MPS (use --smoke to exercise it on the "
+                     "CPU)")
         device = torch.device("cuda")
         props = torch.cuda.get_device_properties(device)
         gpu, l2 = props.name, getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)

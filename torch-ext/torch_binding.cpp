@@ -1,5 +1,27 @@
 // Registers the ops every entry point of the package is built on (schemas first, then the CUDA
 // implementations, then the autograd formulas). Shapes and semantics: docs/ARCHITECTURE.md.
+#if defined(METAL_KERNEL)
+// The Metal build registers one op, which launches a kernel of its metallib (metal/maxsim_metal.mm);
+// maxsim/metal.py plans every launch and registers the ops' MPS kernels on top of it.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "registration.h"
+
+void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args,
+                  at::IntArrayRef threads, at::IntArrayRef group_size);
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
+  m.def("launch(str kernel, Tensor[] args, int[] threads, int[] group_size) -> ()");
+}
+
+TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, MPS, m) { m.impl("launch", &metal_launch); }
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
+#else
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -573,3 +595,4 @@ TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, Autograd, m) {
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
+#endif  // METAL_KERNEL

@@ -12,10 +12,11 @@ import warnings
 import torch
 
 from ._ops import load_cuda_ops
+from .metal import load_metal_ops
 from .registry import register_fakes, torch_ops
 from .validation import TokenSet
 
-BACKENDS = ("auto", "cuda", "torch")
+BACKENDS = ("auto", "cuda", "metal", "torch")
 
 
 def _load_cuda():
@@ -34,6 +35,7 @@ def _load_cuda():
 
 
 _CUDA_OPS, _CUDA_REASON = _load_cuda()
+_METAL_OPS, _METAL_REASON = load_metal_ops()  # MPS kernels of metal/*.metal (Apple Silicon)
 
 
 def cuda_ops():
@@ -41,11 +43,16 @@ def cuda_ops():
     return _CUDA_OPS, _CUDA_REASON
 
 
-def select_ops(device: torch.device, backend: str = "auto"):
-    """The op namespace for tensors on ``device``: the CUDA extension when it applies, else
-    ``maxsim_torch``.
+def metal_ops():
+    """``(ops, reason)``: the ``maxsim_metal`` namespace (MPS tensors), or None and why."""
+    return _METAL_OPS, _METAL_REASON
 
-    ``backend`` forces one: "torch" always works; "cuda" raises if the extension is unavailable.
+
+def select_ops(device: torch.device, backend: str = "auto"):
+    """The op namespace for tensors on ``device``: the CUDA extension or the Metal kernels when
+    they apply, else ``maxsim_torch``.
+
+    ``backend`` forces one: "torch" always works; "cuda" / "metal" raise if unavailable.
     """
     if backend == "torch":
         return torch_ops
@@ -55,7 +62,17 @@ def select_ops(device: torch.device, backend: str = "auto"):
         if device.type != "cuda":
             raise ValueError(f"backend='cuda': expected tensors on a CUDA device, got {device}")
         return _CUDA_OPS
+    if backend == "metal":
+        if _METAL_OPS is None:
+            raise RuntimeError(
+                f"backend='metal': the Metal kernels are unavailable: {_METAL_REASON}"
+            )
+        if device.type != "mps":
+            raise ValueError(f"backend='metal': expected tensors on an MPS device, got {device}")
+        return _METAL_OPS
     if backend == "auto":
+        if device.type == "mps" and _METAL_OPS is not None:
+            return _METAL_OPS
         return _CUDA_OPS if device.type == "cuda" and _CUDA_OPS is not None else torch_ops
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 

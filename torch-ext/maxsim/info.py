@@ -8,7 +8,7 @@ import sys
 import torch
 
 from . import _ops
-from .dispatch import cuda_ops
+from .dispatch import cuda_ops, metal_ops
 
 LAYOUTS = {
     "padded candidates": "maxsim(Q, D[Nq,K,Ld,H]), score_candidates_padded",
@@ -75,7 +75,8 @@ def info(file=sys.stdout):
         count = torch.cuda.device_count()
         device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {count} visible)"
     elif torch.backends.mps.is_available():
-        device = "Apple MPS (PyTorch fallback)"
+        metal, why = metal_ops()
+        device = "Apple MPS (Metal kernels)" if metal else f"Apple MPS (PyTorch fallback: {why})"
     else:
         device = "CPU only"
     report = {

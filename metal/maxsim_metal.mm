@@ -1,0 +1,85 @@
+// The Hub build's Metal binding: one op, launch(kernel, args, threads, group_size), that encodes a
+// kernel of the embedded metallib on the current MPS stream. Which kernel runs, with which
+// arguments and grid, is decided in maxsim/metal.py: the same plan that drives
+// torch.mps.compile_shader in pip installs and the CPU harness in tests.
+#include <torch/torch.h>
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#ifdef EMBEDDED_METALLIB_HEADER
+#include EMBEDDED_METALLIB_HEADER
+#else
+#error "EMBEDDED_METALLIB_HEADER not defined"
+#endif
+
+namespace {
+
+id<MTLBuffer> storage_buffer(const at::Tensor& t) {
+  return __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
+}
+
+// Pipeline states, one per kernel name, built on first use.
+id<MTLComputePipelineState> pipeline(id<MTLDevice> device, const std::string& name) {
+  static std::mutex mutex;
+  static id<MTLLibrary> library = nil;
+  static std::unordered_map<std::string, id<MTLComputePipelineState>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto hit = cache.find(name);
+  if (hit != cache.end()) return hit->second;
+  NSError* error = nil;
+  if (library == nil) {
+    library = EMBEDDED_METALLIB_NAMESPACE::createLibrary(device, &error);
+    TORCH_CHECK(library, "maxsim: loading the metallib failed: ",
+                error.localizedDescription.UTF8String);
+  }
+  id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:name.c_str()]];
+  TORCH_CHECK(fn, "maxsim: the metallib has no kernel named ", name);
+  id<MTLComputePipelineState> state = [device newComputePipelineStateWithFunction:fn error:&error];
+  TORCH_CHECK(state, "maxsim: ", name, ": ", error.localizedDescription.UTF8String);
+  cache.emplace(name, state);
+  return state;
+}
+
+MTLSize size_of(at::IntArrayRef dims) {
+  TORCH_CHECK(dims.size() >= 1 && dims.size() <= 3, "maxsim: grids have 1 to 3 dims");
+  return MTLSizeMake(dims[0], dims.size() > 1 ? dims[1] : 1, dims.size() > 2 ? dims[2] : 1);
+}
+
+}  // namespace
+
+// args[i] binds to [[buffer(i)]]: an MPS tensor by its storage and offset, a CPU tensor (a
+// Python int or float of the caller) by value.
+void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args,
+                  at::IntArrayRef threads, at::IntArrayRef group_size) {
+  @autoreleasepool {
+    id<MTLDevice> device = MTLCreateSystemDefaultDevice();
+    id<MTLComputePipelineState> state = pipeline(device, kernel);
+    MTLSize grid = size_of(threads), group = size_of(group_size);
+    TORCH_CHECK(group.width * group.height * group.depth <= state.maxTotalThreadsPerThreadgroup,
+                "maxsim: ", kernel, ": threadgroup larger than the pipeline allows");
+    id<MTLCommandBuffer> command_buffer = torch::mps::get_command_buffer();
+    dispatch_sync(torch::mps::get_dispatch_queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = [command_buffer computeCommandEncoder];
+      [encoder setComputePipelineState:state];
+      for (NSUInteger i = 0; i < args.size(); ++i) {
+        const at::Tensor& t = args[i];
+        if (t.device().is_cpu()) {
+          [encoder setBytes:t.data_ptr() length:t.nbytes() atIndex:i];
+        } else {
+          [encoder setBuffer:storage_buffer(t)
+                      offset:t.storage_offset() * t.element_size()
+                     atIndex:i];
+        }
+      }
+      [encoder dispatchThreads:grid threadsPerThreadgroup:group];
+      [encoder endEncoding];
+      torch::mps::commit();
+    });
+  }
+}
