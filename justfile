@@ -36,7 +36,7 @@ build *args:
 mutants *args:
     {{python}} scripts/mutants.py {{args}}
 
-# Rewrite the README tables from bench_results/
+# Rewrite the benchmark tables of README.md and docs/BENCHMARKS.md from bench_results/
 render:
     {{python}} benchmarks/render.py
 

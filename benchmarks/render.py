@@ -1,24 +1,30 @@
-"""Rewrite the README's benchmark section from bench_results/*.json, and draw its plots.
+"""Rewrite the benchmark sections of the README and of docs/BENCHMARKS.md from
+bench_results/*.json, and draw their plots.
 
     python benchmarks/render.py [--readme README.md] [--results bench_results] [--docs docs]
+                                [--page docs/BENCHMARKS.md]
 
-Only the text between ``<!-- BENCH:START -->`` and ``<!-- BENCH:END -->`` changes, and the
-8-bit fidelity table (from ``quant_fidelity.json``) between ``<!-- FIDELITY:START -->`` and
-``<!-- FIDELITY:END -->`` where the README has those; a README without the BENCH markers is an
-error and nothing is written. Output depends on the JSON files alone, so a
-second run changes nothing (files are rewritten only when their bytes differ).
+The README gets a headline table per GPU file (maxsim's time, × floor, × naive, × best peer) with
+the plots and the measurement dates; the page gets every table (all implementations, kernel
+times, host cost, the commit of each row). In each file only the text between
+``<!-- BENCH:START -->`` and ``<!-- BENCH:END -->`` changes, and the 8-bit fidelity table (from
+``quant_fidelity.json``; the README a summary of it) between ``<!-- FIDELITY:START -->`` and
+``<!-- FIDELITY:END -->`` where the file has those. A file without the BENCH markers is an error
+and nothing is written; a missing page is created with its markers. Output depends on the JSON
+files alone, so a second run changes nothing (files are rewritten only when their bytes differ).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
 import sys
 from pathlib import Path
 
+from bench_plots import plot_rerank, plot_train_mem
+from fidelity_tables import fidelity_section, fidelity_summary
 from gates import gate_row
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,35 +221,42 @@ def _peers(doc) -> list[str]:
     return sorted(names, key=rank)
 
 
-def main_table(doc) -> list[str]:
+def main_table(doc, headline=False) -> list[str]:
     """One line per (workload, dtype); a training workload has two, the fused step (``maxsim``)
-    and the autograd step (``maxsim-autograd``), each against the best peer of the same path."""
+    and the autograd step (``maxsim-autograd``), each against the best peer of the same path.
+    ``headline``: the README's table, a workload's first dtype only, four numbers, no shape."""
     idx, peers = _index(doc), _peers(doc)
     keys = []
     for r in doc["rows"]:
         k = (r["workload"], r["dtype"])
-        if k not in keys and not _is_sweep(doc, r["workload"]):
+        shown = any(w == k[0] for w, _ in keys) if headline else k in keys
+        if not shown and not _is_sweep(doc, r["workload"]):
             keys.append(k)
-    lines = [
-        "| workload | shape | dtype | maxsim ms | × naive | × best peer | × floor (roofline) "
-        "| kernel ms | kernel × floor | kernel × best peer | peak MB | rel err |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    if headline:
+        lines = ["| workload | dtype | maxsim ms | × floor | × naive | × best peer |",
+                 "| --- | --- | ---: | ---: | ---: | ---: |"]
+    else:
+        lines = [
+            "| workload | shape | dtype | maxsim ms | × naive | × best peer | × floor (roofline) "
+            "| kernel ms | kernel × floor | kernel × best peer | peak MB | rel err |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
     for wl, dt in keys:
         for impl in (OURS, OURS + "-autograd"):
             ours = idx.get((wl, dt, impl))
             if ours and (impl == OURS or ours.get("status") != "unsupported"):
-                lines.append(_main_line(doc, idx, peers, ours))
+                lines.append(_main_line(doc, idx, peers, ours, headline))
     return lines
 
 
-def _main_line(doc, idx, peers, ours) -> str:
+def _main_line(doc, idx, peers, ours, headline=False) -> str:
     wl, dt = ours["workload"], ours["dtype"]
     shape = _wl_meta(doc, wl).get("shape", "")
     path = row_path(doc, ours)
     label = f"{wl} · {path}" if _wl_meta(doc, wl).get("kind") == "train" else wl
+    cells = f"| {label} | {dt}" if headline else f"| {label} | {shape} | {dt}"
     if not _ok(ours):
-        return f"| {label} | {shape} | {dt} | {ours['status']} | | | | | | | | |"
+        return f"{cells} | {ours['status']} |" + " |" * (3 if headline else 8)
     ms = ours["ms_p50"]
     nv = idx.get((wl, dt, NAIVE))
     if _ok(nv):
@@ -256,8 +269,10 @@ def _main_line(doc, idx, peers, ours) -> str:
     if same and x_peer == "–":
         x_peer = f"– (no {path} peer)"
     fl = ours.get("floor_ms")
+    if headline:
+        return f"{cells} | {f_ms(ms)} | {f_x(ms / fl) if fl else '–'} | {x_naive} | {x_peer} |"
     x_floor = f"{f_x(ms / fl)} ({f_pct(100 * fl / ms)})" if fl else "–"
-    return (f"| {label} | {shape} | {dt} | {f_ms(ms)} | {x_naive} | {x_peer} | {x_floor} "
+    return (f"{cells} | {f_ms(ms)} | {x_naive} | {x_peer} | {x_floor} "
             f"| {_kernel_cells(doc, ours, idx, peers, same, path)} "
             f"| {f_mb(ours.get('peak_mb'))} | {f_err(ours.get('rel_err'))} |")
 
@@ -427,170 +442,107 @@ def train_mem_series(doc):
     return (dt, series, ooms) if series else None
 
 
-_STYLE = {OURS: dict(color="#d62728", lw=2.4, marker="o"),
-          NAIVE: dict(color="#7f7f7f", lw=1.6, marker="s", ls="--")}
-_PEER_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-
-
-def _style(impl, i):
-    return _STYLE.get(impl, dict(color=_PEER_COLORS[i % len(_PEER_COLORS)], lw=1.6, marker="^"))
-
-
-def _log_axes(ax, xs):
-    """log2 x axis ticked at the data points, log y axis with plain numbers."""
-    from matplotlib.ticker import FuncFormatter, NullLocator
-
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
-    return buf.getvalue()
-
-
-def plot_rerank(doc, gpu):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    label, dt, series = rerank_series(doc)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, (impl, pts) in enumerate(series.items()):
-        xs, ys = zip(*pts, strict=True)
-        ax.plot(xs, ys, label=f"vs {impl}", **_style(impl, i))
-    ax.axhline(1.0, color="black", lw=0.8)
-    _log_axes(ax, sorted({x for pts in series.values() for x, _ in pts}))
-    ax.set_xlabel("document length Ld (tokens)")
-    ax.set_ylabel("speed-up of maxsim (×)")
-    ax.set_title(f"Reranking, {label}, {dt} — {gpu}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    data = _png(fig)
-    plt.close(fig)
-    return data
-
-
-def plot_train_mem(doc, gpu):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    dt, series, ooms = train_mem_series(doc)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, (impl, pts) in enumerate(series.items()):
-        xs, ys = zip(*pts, strict=True)
-        oom = f" (OOM at {', '.join(map(str, ooms[impl]))})" if impl in ooms else ""
-        ax.plot(xs, ys, label=impl + oom, **_style(impl, i))
-    _log_axes(ax, sorted({x for pts in series.values() for x, _ in pts}))
-    ax.set_xlabel("batch size (Nq = Nb)")
-    ax.set_ylabel("peak memory of one step (MB)")
-    ax.set_title(f"Training step, Lq32 Ld256, {dt} — {gpu}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    data = _png(fig)
-    plt.close(fig)
-    return data
-
-
 # ----------------------------------------------------------------------------------------------
 # Section
 # ----------------------------------------------------------------------------------------------
 
 
-def render(results, docs_dir: Path, readme_dir: Path, refused=()) -> tuple[str, dict[Path, bytes]]:
-    """Markdown for between the markers, and the PNG files it embeds."""
+PAGE_NOTE = (
+    "_Generated by `benchmarks/render.py` from `bench_results/*.json`; edit those, not this "
+    "section. Times are medians of at least 30 timed calls. × naive and × best peer are "
+    "speed-ups (their time over ours); × floor is our time over the floor set by the "
+    "measured copy bandwidth and matmul rate (percent of that roofline in brackets); kernel "
+    "ms is the summed device time of the kernels one call launches (torch.profiler), without "
+    "the host work that the back-to-back times include and that varies between runs; peak MB "
+    "is memory allocated above the inputs during one call; rel err is against a float64 "
+    "reference. maxsim's training rows run `contrastive_step` (loss and gradients from one "
+    "op); `maxsim-autograd` is the same step as `maxsim()` + `F.cross_entropy` + autograd; "
+    "`maxsim-graph` replays the `contrastive_step` captured in a CUDA graph (no host launch "
+    "work; its memory sits in the graph's pool, so no peak MB). A training workload has a "
+    "line per path (`fused step`: `maxsim`; `autograd`: `maxsim-autograd`), each against the "
+    "best peer of the same path; an inference row names a peer's path where it is not one "
+    "call. A row whose output fails the correctness gate (`bench_results/README.md`) is "
+    "`wrong` and never a best peer. Method and columns: `bench_results/README.md`._")
+README_NOTE = (
+    "_Rendered by `benchmarks/render.py` from `bench_results/*.json`: median of at least 30 "
+    "calls, a workload's first dtype; × floor: our time over the roofline of the measured copy "
+    "bandwidth and matmul rate; × naive, × best peer: their time over ours (a training step "
+    "against peers of its own path; a row failing the correctness gate is never a peer). "
+    "Shapes, every dtype and implementation, each row's commit: [{page}]({page})._")
+PAGE_TEMPLATE = (f"# Benchmarks\n\n{START}\n{END}\n\n## 8-bit ranking fidelity\n\n"
+                 f"{FIDELITY[0]}\n{FIDELITY[1]}\n")
+
+
+def measured_line(doc) -> str:
+    """When the rows were measured (the dates alone) and with what."""
+    dates = sorted({str(r.get("date") or "?") for r in doc["rows"]})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    return f"Measured {when} (torch {doc.get('torch', '?')}, CUDA {doc.get('cuda') or '?'})."
+
+
+def anchor(heading: str) -> str:
+    """The fragment GitHub gives a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _rel(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def _plots(slug, doc, gpu, docs_dir, files) -> list[tuple[str, Path]]:
+    """(alt text, file) of each plot the doc has data for; their PNG bytes go into ``files``."""
+    out = []
+    for what, series, plot, alt in (
+            ("rerank-ld", rerank_series(doc), plot_rerank,
+             "Reranking speed-up of maxsim against document length"),
+            ("train-mem", train_mem_series(doc), plot_train_mem,
+             "Peak memory of one training step against batch size")):
+        if series:
+            path = docs_dir / f"bench-{slug}-{what}.png"
+            files[path] = plot(series, gpu)
+            out.append((f"{alt} on {gpu}", path))
+    return out
+
+
+def render(results, docs_dir: Path, readme_dir: Path, page: Path,
+           refused=()) -> tuple[str, str, dict[Path, bytes]]:
+    """Markdown for between the README's markers (a headline table per GPU) and the page's
+    (every table, with the commits), and the PNG files both embed."""
     files: dict[Path, bytes] = {}
-    out = [
-        "",
-        "_Generated by `benchmarks/render.py` from `bench_results/*.json`; edit those, not this "
-        "section. Times are medians of at least 30 timed calls. × naive and × best peer are "
-        "speed-ups (their time over ours); × floor is our time over the floor set by the "
-        "measured copy bandwidth and matmul rate (percent of that roofline in brackets); kernel "
-        "ms is the summed device time of the kernels one call launches (torch.profiler), without "
-        "the host work that the back-to-back times include and that varies between runs; peak MB "
-        "is memory allocated above the inputs during one call; rel err is against a float64 "
-        "reference. maxsim's training rows run `contrastive_step` (loss and gradients from one "
-        "op); `maxsim-autograd` is the same step as `maxsim()` + `F.cross_entropy` + autograd; "
-        "`maxsim-graph` replays the `contrastive_step` captured in a CUDA graph (no host launch "
-        "work; its memory sits in the graph's pool, so no peak MB). A training workload has a "
-        "line per path (`fused step`: `maxsim`; `autograd`: `maxsim-autograd`), each against the "
-        "best peer of the same path; an inference row names a peer's path where it is not one "
-        "call. A row whose output fails the correctness gate (`bench_results/README.md`) is "
-        "`wrong` and never a best peer. Method and columns: `bench_results/README.md`._",
-        "",
-    ]
-    if not results:
-        out += ["No results yet: run `just bench` on a GPU, then `just render`.", ""]
+    link = _rel(page, readme_dir)
+    notes = [] if results else ["No results yet: run `just bench` on a GPU, then `just render`.",
+                                ""]
     for name, why in refused:
-        out += [f"_Not rendered: `bench_results/{name}` ({why}); re-measure it with "
-                "`python benchmarks/bench.py`._", ""]
+        notes += [f"_Not rendered: `bench_results/{name}` ({why}); re-measure it with "
+                  "`python benchmarks/bench.py`._", ""]
+    readme = ["", README_NOTE.format(page=link), ""] + notes
     if len(results) > 1:
-        out += ["### Across GPUs", "", "_maxsim's p50 ms on each GPU · its speed-up over the "
-                "fastest peer measured on that GPU (`just bench-matrix FLAVOR` runs the benchmark "
-                "on HF Jobs, `just bench-pull` fetches the files)._", ""]
-        out += matrix_table(results) + [""]
+        readme += ["### Across GPUs", "", "_maxsim's p50 ms on each GPU · its speed-up over the "
+                   "fastest peer measured on that GPU (`just bench-matrix FLAVOR` runs the "
+                   "benchmark on HF Jobs, `just bench-pull` fetches the files)._", ""]
+        readme += matrix_table(results) + [""]
+    full = ["", PAGE_NOTE, ""] + notes
     for slug, doc in results:
         gpu = doc.get("gpu", slug)
-        out += [f"### {gpu}", "", header_line(doc), ""]
-        out += main_table(doc)
-        out.append("")
+        plots = _plots(slug, doc, gpu, docs_dir, files)
+        readme += [f"### {gpu}", "", f"{measured_line(doc)} All tables: "
+                   f"[{link}]({link}#{anchor(gpu)}).", ""] + main_table(doc, headline=True)
+        readme += [""] + [f"![{alt}]({_rel(p, readme_dir)})\n" for alt, p in plots]
+        full += [f"### {gpu}", "", header_line(doc), ""] + main_table(doc) + [""]
         host = host_cost_table(doc)
         if host:
-            out += ["Host cost of a call: back-to-back time per call next to `torch-floor`, one "
-                    "PyTorch call of one kernel on the same inputs (a stand-in, not MaxSim; "
-                    "training: the same step with scores from one matmul).", ""] + host + [""]
-        rel = Path(os.path.relpath(docs_dir, readme_dir)).as_posix()
-        if rerank_series(doc):
-            name = f"bench-{slug}-rerank-ld.png"
-            files[docs_dir / name] = plot_rerank(doc, gpu)
-            out += [f"![Reranking speed-up of maxsim against document length on {gpu}]"
-                    f"({rel}/{name})", ""]
-        if train_mem_series(doc):
-            name = f"bench-{slug}-train-mem.png"
-            files[docs_dir / name] = plot_train_mem(doc, gpu)
-            out += [f"![Peak memory of one training step against batch size on {gpu}]"
-                    f"({rel}/{name})", ""]
-        out += ["<details><summary>All implementations (p50 ms / peak MB · k kernel ms)</summary>",
-                ""]
-        out += all_impls_table(doc)
-        out += ["", "</details>", ""]
-    return "\n".join(out), files
-
-
-def fidelity_section(doc) -> str:
-    """The 8-bit ranking-fidelity table of ``benchmarks/quant_fidelity.py``'s JSON, one block of
-    rows per data set."""
-    sets = doc["datasets"]
-    out = ["", "_Generated by `benchmarks/render.py` from `bench_results/quant_fidelity.json` "
-           f"(`python benchmarks/quant_fidelity.py`, CPU, Python {doc['python']}, torch "
-           f"{doc['torch']}" + (f", wordllama {doc['wordllama']}" if "wordllama" in doc else "")
-           + ")._", ""]
-    for name, ds in sets.items():
-        sh = ds["shape"]
-        out.append(f"- `{name}`: {sh['queries']} queries x {sh['docs']} documents, "
-                   f"Lq <= {sh['lq']} (mean {sh['mean_lq']:.1f}), Ld <= {sh['ld']} "
-                   f"(mean {sh['mean_ld']:.1f}), H {sh['dim']}; fp32 nDCG@10 "
-                   f"{ds['ndcg10_fp32']:.3f}")
-    out += ["", "| data | format | quantized | top-10 overlap with fp32 (mean / min) | "
-            "nDCG@10 − fp32 | max score rel. err |", "| --- | --- | --- | ---: | ---: | ---: |"]
-    for name, ds in sets.items():
-        for r in ds["rows"]:
-            out.append(f"| {name} | {r['format']} | {r['quantized']} | "
-                       f"{r['top10_overlap']:.3f} / {r['top10_overlap_min']:.1f} | "
-                       f"{r['ndcg10_diff']:+.4f} | {r['score_rel_err']:.1e} |")
-    return "\n".join(out) + "\n"
+            full += ["Host cost of a call: back-to-back time per call next to `torch-floor`, one "
+                     "PyTorch call of one kernel on the same inputs (a stand-in, not MaxSim; "
+                     "training: the same step with scores from one matmul).", ""] + host + [""]
+        full += [f"![{alt}]({_rel(p, page.parent)})\n" for alt, p in plots]
+        full += ["All implementations (p50 ms / peak MB · k kernel ms):", ""]
+        full += all_impls_table(doc) + [""]
+    return "\n".join(readme), "\n".join(full), files
 
 
 def splice(text: str, section: str, start: str = START, end: str = END) -> str:
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise RenderError(f"README must hold exactly one '{start}' followed by one '{end}'; "
+        raise RenderError(f"it must hold exactly one '{start}' followed by one '{end}'; "
                           "add them where the section belongs")
     head, rest = text.split(start, 1)
     _old, tail = rest.split(end, 1)
@@ -605,36 +557,53 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     return True
 
 
+def _read_targets(readme: Path, page: Path, fidelity_path: Path):
+    """The README's and the page's text (the page from a template when it does not exist yet),
+    their markers checked, and the fidelity JSON where one of them has its markers."""
+    texts = {readme: readme.read_text(encoding="utf-8"),
+             page: page.read_text(encoding="utf-8") if page.exists() else PAGE_TEMPLATE}
+    fidelity = None
+    for path, text in texts.items():
+        try:
+            splice(text, "")
+            if any(m in text for m in FIDELITY) and fidelity_path.exists():
+                splice(text, "", *FIDELITY)
+                fidelity = json.loads(fidelity_path.read_text(encoding="utf-8"))
+        except (RenderError, json.JSONDecodeError) as e:
+            raise RenderError(f"{path}: {e}") from e
+    return texts, fidelity
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--readme", type=Path, default=REPO / "README.md")
     ap.add_argument("--results", type=Path, default=REPO / "bench_results")
     ap.add_argument("--docs", type=Path, default=REPO / "docs")
+    ap.add_argument("--page", type=Path, help="the full tables (default: DOCS/BENCHMARKS.md)")
     args = ap.parse_args(argv)
+    page = args.page or args.docs / "BENCHMARKS.md"
     if not args.readme.exists():
         print(f"error: {args.readme} does not exist", file=sys.stderr)
         return 2
-    text = args.readme.read_text(encoding="utf-8")
-    fidelity_path = args.results / FIDELITY_FILE
-    fidelity = None  # the fidelity table's markdown, where the README has its markers
-    try:
-        splice(text, "")  # check the markers before writing anything
-        if any(m in text for m in FIDELITY) and fidelity_path.exists():
-            splice(text, "", *FIDELITY)
-            fidelity = fidelity_section(json.loads(fidelity_path.read_text(encoding="utf-8")))
-    except (RenderError, json.JSONDecodeError, KeyError, TypeError) as e:
-        print(f"error: {args.readme}: {e}", file=sys.stderr)
+    try:  # everything checked before anything is written
+        texts, fidelity = _read_targets(args.readme, page, args.results / FIDELITY_FILE)
+        link = _rel(page, args.readme.parent)
+        tables = {args.readme: fidelity and fidelity_summary(fidelity, f"[{link}]({link})"),
+                  page: fidelity and fidelity_section(fidelity)}
+    except (RenderError, KeyError, TypeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     refused = []
     results = load_results(args.results, refused)
-    section, files = render(results, args.docs, args.readme.parent, refused)
+    readme, full, files = render(results, args.docs, args.readme.parent, page, refused)
     changed = [p for p, data in sorted(files.items()) if _write_if_changed(p, data)]
-    text = splice(text, section)
-    if fidelity is not None:
-        text = splice(text, fidelity, *FIDELITY)
-    if _write_if_changed(args.readme, text.encode("utf-8")):
-        changed.append(args.readme)
+    for path, section in ((page, full), (args.readme, readme)):
+        text = splice(texts[path], section)
+        if tables[path] and FIDELITY[0] in text:
+            text = splice(text, tables[path], *FIDELITY)
+        if _write_if_changed(path, text.encode("utf-8")):
+            changed.append(path)
     for p in changed:
         print(f"wrote {p}")
     if not changed:

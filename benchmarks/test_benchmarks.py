@@ -1,7 +1,9 @@
-"""CPU tests of the benchmark harness and the README renderer (no GPU, no peers needed)."""
+"""CPU tests of the benchmark harness and the renderer of the README and docs/BENCHMARKS.md (no
+GPU, no peers needed)."""
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -75,6 +77,13 @@ def _snapshot(tmp_path):
     return {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
 
 
+def _page(tmp_path):
+    return (tmp_path / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+
+
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
 def test_render_is_idempotent(tmp_path):
     text = "# Title\n\nintro\n\n<!-- BENCH:START -->\nold\n<!-- BENCH:END -->\n\ntail\n"
     args = _tree(tmp_path, text)
@@ -84,17 +93,29 @@ def test_render_is_idempotent(tmp_path):
     assert out.startswith("# Title\n\nintro\n\n<!-- BENCH:START -->\n")
     assert out.endswith("<!-- BENCH:END -->\n\ntail\n")
     assert "old" not in out
+    # The README: one headline line per workload (its first dtype), the plots, the dates, no commit
+    assert "| rerank | fp16 | 0.0500 | 5.00× | 18.0× | 1.40× late-interaction-kernels |" in out
+    assert "| rerank | bf16 |" not in out
+    assert "| corpus | fp16 | 4.000 | 400× | naive oom | – |" in out
+    assert "| train_small · fused step | bf16 | 0.200 | 20.0× | – | – (no fused step peer) |" in out
+    assert "Measured 2026-11-20 (torch 2.11.0, CUDA 13.0)." in out
+    assert "(docs/BENCHMARKS.md#nvidia-h100-80gb-hbm3)" in out
+    assert "(docs/bench-h100-rerank-ld.png)" in out and "(docs/bench-h100-train-mem.png)" in out
+    assert not COMMIT.findall(out) and "kernel ms" not in out
+    # The page: every dtype, kernel times, all implementations, the commits
+    page = _page(tmp_path)
     line = "| rerank | B32 K50 Lq32 Ld180 | fp16 | 0.0500 | 18.0× | 1.40× late-interaction-kernels"
-    assert line in out
+    assert line in page
     # kernel ms, its floor multiple, the best peer's kernel time over ours (here a slower kernel)
-    assert "| 0.0300 | 3.00× | 0.67× flash-maxsim |" in out
-    assert "| bf16 | 0.0500 |" in out and "| – | – | – |" in out
-    assert "0.0500 / 1.50 MB · k 0.0300" in out
-    assert "naive oom" in out
+    assert "| 0.0300 | 3.00× | 0.67× flash-maxsim |" in page
+    assert "| bf16 | 0.0500 |" in page and "| – | – | – |" in page
+    assert "0.0500 / 1.50 MB · k 0.0300" in page
+    assert "naive oom" in page and "rows measured at `0123456789` 2026-11-20 (" in page
+    assert "(bench-h100-rerank-ld.png)" in page
     assert (tmp_path / "docs" / "bench-h100-rerank-ld.png").exists()
     assert (tmp_path / "docs" / "bench-h100-train-mem.png").exists()
-    assert "(docs/bench-h100-rerank-ld.png)" in out
-    assert "pylate_step" not in out and out.count("### ") == 1
+    for text in (out, page):
+        assert "pylate_step" not in text and text.count("### ") == 1
     assert render.main(args) == 0
     assert _snapshot(tmp_path) == first
 
@@ -106,6 +127,21 @@ def test_render_refuses_without_markers(tmp_path, text):
     before = _snapshot(tmp_path)
     assert render.main(args) == 2
     assert _snapshot(tmp_path) == before
+
+
+def test_render_refuses_a_page_without_markers_and_keeps_its_prose(tmp_path):
+    args = _tree(tmp_path, "<!-- BENCH:START -->\n<!-- BENCH:END -->\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "BENCHMARKS.md").write_text("# hand-written\n", encoding="utf-8")
+    before = _snapshot(tmp_path)
+    assert render.main(args) == 2
+    assert _snapshot(tmp_path) == before
+    (tmp_path / "docs" / "BENCHMARKS.md").write_text(
+        "# Benchmarks\n\nprose\n\n<!-- BENCH:START -->\n<!-- BENCH:END -->\n", encoding="utf-8")
+    assert render.main(args) == 0
+    page = _page(tmp_path)
+    assert page.startswith("# Benchmarks\n\nprose\n\n<!-- BENCH:START -->\n")
+    assert "| rerank |" in page
 
 
 def test_gpu_slug():
@@ -235,9 +271,12 @@ def test_render_fills_the_fidelity_table_only_between_its_markers(tmp_path):
     assert render.main(args) == 0
     out = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "old" not in out and out.endswith("<!-- FIDELITY:END -->\ntail\n")
-    assert "| text | int8 | documents | 0.993 / 0.9 | -0.0001 | 3.8e-03 |" in out
-    assert "- `text`: 500 queries x 5000 documents, Lq <= 32 (mean 20.2)" in out
-    assert "wordllama 0.4.0" in out
+    # the README a summary, the page (created with its markers) the full table
+    assert "| format | documents |\n| --- | ---: |\n| int8 | 0.993 |\n" in out
+    page = _page(tmp_path)
+    assert "| text | int8 | documents | 0.993 / 0.9 | -0.0001 | 3.8e-03 |" in page
+    assert "- `text`: 500 queries x 5000 documents, Lq <= 32 (mean 20.2)" in page
+    assert "wordllama 0.4.0" in page and "| text | int8 |" not in out
     first = _snapshot(tmp_path)
     assert render.main(args) == 0
     assert _snapshot(tmp_path) == first
@@ -363,9 +402,9 @@ def test_a_broken_implementation_is_wrong_and_never_a_best_peer(tmp_path):
     (tmp_path / "bench_results" / "cpu.json").write_text(json.dumps(doc))
     assert render.main(["--readme", str(tmp_path / "README.md"), "--results",
                         str(tmp_path / "bench_results"), "--docs", str(tmp_path / "docs")]) == 0
-    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
-    assert "| rerank | B2 K12 Lq4 Ld10 | fp16 |" in readme
-    assert "× broken" not in readme and "| wrong |" in readme
+    readme, page = (tmp_path / "README.md").read_text(encoding="utf-8"), _page(tmp_path)
+    assert "| rerank | fp16 |" in readme and "| rerank | B2 K12 Lq4 Ld10 | fp16 |" in page
+    assert "× broken" not in readme + page and "| wrong |" in page
 
 
 def test_render_gates_old_rows_and_compares_like_with_like(tmp_path):
@@ -400,9 +439,9 @@ def test_render_refuses_rows_without_their_commit(tmp_path):
         del r["commit"]
     (tmp_path / "bench_results" / "h200.json").write_text(json.dumps({**old, "schema": 1}))
     assert render.main(args) == 0
-    out = (tmp_path / "README.md").read_text(encoding="utf-8")
-    assert out.count("### ") == 1 and "_Not rendered: `bench_results/h200.json` (" in out
-    assert "rows measured at `0123456789` 2026-11-20 (" in out
+    for out in ((tmp_path / "README.md").read_text(encoding="utf-8"), _page(tmp_path)):
+        assert out.count("### ") == 1 and "_Not rendered: `bench_results/h200.json` (" in out
+    assert "rows measured at `0123456789` 2026-11-20 (" in _page(tmp_path)
 
 
 def test_eight_bit_by_eight_bit_floors_use_the_int8_rate():

@@ -72,6 +72,22 @@ def test_every_readme_python_block_is_marked():
     assert sum(1 for p in SNIPPETS if p.values[0].name == "README.md") >= 5
 
 
+README_MAX_BYTES = 20_000
+# 7 to 40 hex digits with a letter and a digit among them: a commit, not a number or a word
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", re.IGNORECASE)
+
+
+def test_readme_is_a_short_guide_without_commit_hashes():
+    """The README is the user guide: measurement history and the commits behind each benchmark
+    row live in docs/BENCHMARKS.md, docs/PERF_NOTES.md and bench_results/*.json."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    size = len(text.encode("utf-8"))
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes, over {README_MAX_BYTES}"
+    assert not COMMIT_HASH.findall(text), "README.md names commits; move them to docs/"
+    assert COMMIT_HASH.findall("measured at 21b965f and a41a2fba2b") == ["21b965f", "a41a2fba2b"]
+    assert not COMMIT_HASH.findall("Nd10000, 2026-11-25, 580.159.04, 1000000, defaced, e4m3")
+
+
 @pytest.mark.parametrize("path, line, requires, code", SNIPPETS)
 def test_snippet_runs(path, line, requires, code, capsys):
     if not available(requires):

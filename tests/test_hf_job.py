@@ -121,8 +121,9 @@ def test_matrix_has_a_column_per_gpu_and_the_speedup_over_the_best_peer():
     assert lines[0] == "| workload | dtype | H100 | H200 |"
     assert lines[2] == ("| rerank | fp16 | 0.0500 · 2.00× flash-maxsim "
                         "| 0.0400 · 0.50× flash-maxsim |")
-    section, _ = render.render([("h100", _doc("H100", 0.05, 0.1)),
-                                ("h200", _doc("H200", 0.04, 0.02))], REPO / "docs", REPO)
+    section, _, _ = render.render([("h100", _doc("H100", 0.05, 0.1)),
+                                   ("h200", _doc("H200", 0.04, 0.02))], REPO / "docs", REPO,
+                                  REPO / "docs" / "BENCHMARKS.md")
     assert "### Across GPUs" in section and lines[2] in section
 
 
