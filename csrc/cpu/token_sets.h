@@ -8,6 +8,10 @@
 #include <optional>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "params.h"
 
 namespace maxsim::cpu {
@@ -30,6 +34,22 @@ inline void check_pair(const at::Tensor& q, const at::Tensor& d) {
               "maxsim: expected float32, float16 or bfloat16, got ", t);
 }
 
+#if defined(__x86_64__)
+// fp16 -> fp32 with the F16C instruction, 8 values at a time.
+__attribute__((target("avx,f16c"))) inline void half_to_fp32_f16c(const uint16_t* s, int64_t n,
+                                                                 float* out) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k))));
+  for (; k < n; ++k) out[k] = _cvtsh_ss(s[k]);
+}
+
+inline bool has_f16c() {
+  static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return ok;
+}
+#endif
+
 // fp32 copies of `n` values of a row in any of the ops' dtypes.
 inline void to_fp32(const void* src, at::ScalarType t, int64_t n, float* out) {
   if (t == at::kFloat) {
@@ -41,6 +61,9 @@ inline void to_fp32(const void* src, at::ScalarType t, int64_t n, float* out) {
       std::memcpy(out + k, &bits, 4);
     }
   } else {
+#if defined(__x86_64__)
+    if (has_f16c()) return half_to_fp32_f16c(static_cast<const uint16_t*>(src), n, out);
+#endif
     const at::Half* s = static_cast<const at::Half*>(src);
     for (int64_t k = 0; k < n; ++k) out[k] = static_cast<float>(s[k]);
   }
