@@ -75,12 +75,21 @@ class _Segments:
 
     def gather_zeroed(self, ids):
         """``gather`` with invalid tokens zeroed (padding may hold anything, NaN included), and
-        the additive fp32 bias ``[n, width]`` that keeps them from ever winning a max (0 / -inf)."""
+        the additive fp32 bias ``[n, width]`` that keeps them from ever winning a max (0 / -inf);
+        None when every token is valid."""
         tokens, valid = self.gather(ids)
-        if self.packed or self.lengths is not None or self.mask is not None:
-            tokens = torch.where(valid[..., None], tokens, 0.0)
+        if not (self.packed or self.lengths is not None or self.mask is not None):
+            return tokens, valid, None
+        tokens = torch.where(valid[..., None], tokens, 0.0)
         bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
         return tokens, valid, bias.masked_fill_(~valid, float("-inf"))
+
+
+def _plus_bias(bias, product, *factors):
+    """``bias + a @ b`` in one call (the GEMM starts from the bias), or just ``a @ b``."""
+    if bias is None:
+        return torch.matmul(*factors)
+    return product(bias, *factors)
 
 
 def _fit(budget: int, per_item: int, total: int) -> int:
@@ -215,13 +224,16 @@ def _fwd_allpairs(queries, documents, scores, argmax):
     for j0 in range(0, nd, bd):
         d_tokens, d_valid, d_bias = documents.gather_zeroed(slice(j0, j0 + bd))
         b = d_tokens.size(0)
-        d_flat, d_bias = d_tokens.reshape(b * dw, h), d_bias.view(1, b * dw)
+        d_flat = d_tokens.reshape(b * dw, h)
+        d_bias = None if d_bias is None else d_bias.view(1, b * dw)
         for i0 in range(0, nq, bq):
             q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
             a = q_tokens.size(0)
             # One expression, so no similarity block outlives its reduction.
             block_scores, block_argmax = _reduce(
-                torch.addmm(d_bias, q_tokens.reshape(a * lw, h), d_flat.T).view(a, lw, b, dw),
+                _plus_bias(d_bias, torch.addmm, q_tokens.reshape(a * lw, h), d_flat.T).view(
+                    a, lw, b, dw
+                ),
                 q_valid,
                 d_valid[None],
                 argmax is not None,
@@ -243,8 +255,9 @@ def _fwd_grouped(queries, documents, group, scores, argmax):
         a = q_tokens.size(0)
         d_tokens, d_valid, d_bias = documents.gather_zeroed(slice(i0 * group, (i0 + a) * group))
         block_scores, block_argmax = _reduce(
-            torch.baddbmm(
-                d_bias.view(a, 1, group * dw),
+            _plus_bias(
+                None if d_bias is None else d_bias.view(a, 1, group * dw),
+                torch.baddbmm,
                 q_tokens,
                 d_tokens.view(a, group * dw, h).transpose(1, 2),
             ).view(a, lw, group, dw),
@@ -269,9 +282,12 @@ def _fwd_paired(queries, documents, layout, group, pair_q, pair_d, scores, argma
         q_tokens, q_valid = queries.gather(qi)
         d_tokens, d_valid, d_bias = documents.gather_zeroed(dj)
         block_scores, block_argmax = _reduce(
-            torch.baddbmm(d_bias[:, None], q_tokens, d_tokens.transpose(1, 2)).view(
-                p1 - p0, lw, 1, dw
-            ),
+            _plus_bias(
+                None if d_bias is None else d_bias[:, None],
+                torch.baddbmm,
+                q_tokens,
+                d_tokens.transpose(1, 2),
+            ).view(p1 - p0, lw, 1, dw),
             q_valid,
             d_valid[:, None],
             argmax is not None,
