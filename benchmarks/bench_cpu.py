@@ -5,10 +5,10 @@ einsum and maxsim-cpu (PyPI), per workload x dtype x thread count, into one JSON
     python benchmarks/bench_cpu.py --quick          # fewer reps, no file unless --out
 
 Rows follow bench_results/h100.json (workload, dtype, impl, status, ms_p20/p50/p80, rel_err,
-peak_mb, note) plus ``threads``. Each row's calls are timed back to back (median of >= 5 after a
-warm-up), every implementation of a workload in the same run. ``peak_mb``: growth of the
-process's peak resident memory during one call (inputs and outputs included, so it bounds the
-working memory from above). maxsim-cpu picks its own thread count (all cores): its rows carry
+peak_mb, note) plus ``threads``. After a warm-up, the implementations of a workload are timed
+interleaved call by call (>= 5 rounds), so that load from other processes falls on all of them
+alike. ``peak_mb``: growth of the process's peak resident memory during one call (inputs and
+outputs included, so it bounds the working memory from above). maxsim-cpu picks its own thread count (all cores): its rows carry
 ``threads`` = all cores.
 """
 
@@ -96,17 +96,22 @@ def memory_call(fn):
     return out, max(0.0, peak_rss_mb() - before)
 
 
-def time_ms(fn, reps, target_s=1.0):
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    est = time.perf_counter() - t0
-    n = int(max(reps, min(50, target_s / max(est, 1e-6))))
-    ms = []
-    for _ in range(n):
+def time_interleaved(fns, reps, target_s=20.0):
+    """Milliseconds per call of each of ``fns`` (a dict), one call of each in turn per round, so
+    that every implementation sees the same load from whatever else runs on the machine."""
+    est = {}
+    for name, fn in fns.items():
+        fn()
         t = time.perf_counter()
         fn()
-        ms.append((time.perf_counter() - t) * 1e3)
+        est[name] = time.perf_counter() - t
+    rounds = int(max(reps, min(30, target_s / max(sum(est.values()), 1e-6))))
+    ms = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            ms[name].append((time.perf_counter() - t) * 1e3)
     return ms
 
 
@@ -154,32 +159,38 @@ def make_case(kind, p, dtype, seed=0):
     return impls, ref_allpairs(Q, D, None, d_mask)
 
 
-def run_row(name, dtype_name, impl, fn, ref, threads, reps):
-    row = dict(workload=name, dtype=dtype_name, impl=impl, threads=threads, status="ok",
-               ms_p20=None, ms_p50=None, ms_p80=None, floor_ms=None, peak_mb=None, rel_err=None,
-               note="")
-    try:
-        out, row["peak_mb"] = memory_call(fn)
-        row["rel_err"] = rel_err(out.reshape(ref.shape), ref)
-        ms = time_ms(fn, reps)
-        row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50), ms_p80=percentile(ms, 80),
-                   note=f"{len(ms)} reps")
-    except Exception as e:  # a failure is the row's status, never a crash
-        row.update(status="error", note=f"{type(e).__name__}: {str(e)[:200]}")
-    return row
+def run_rows(name, dtype_name, impls, ref, threads, reps):
+    """One row per implementation: memory and error of one call each, then interleaved timing."""
+    rows, ok = {}, {}
+    for impl, fn in impls.items():
+        row = dict(workload=name, dtype=dtype_name, impl=impl, threads=threads, status="ok",
+                   ms_p20=None, ms_p50=None, ms_p80=None, floor_ms=None, peak_mb=None,
+                   rel_err=None, note="")
+        try:
+            out, row["peak_mb"] = memory_call(fn)
+            row["rel_err"] = rel_err(out.reshape(ref.shape), ref)
+            ok[impl] = fn
+        except Exception as e:  # a failure is the row's status, never a crash
+            row.update(status="error", note=f"{type(e).__name__}: {str(e)[:200]}")
+        rows[impl] = row
+    for impl, ms in time_interleaved(ok, reps).items():
+        rows[impl].update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50),
+                          ms_p80=percentile(ms, 80), note=f"{len(ms)} interleaved reps")
+    return list(rows.values())
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 reps per row, no file unless --out")
     ap.add_argument("--only", default="", help="comma-separated workloads")
-    ap.add_argument("--out", default=None, help="output JSON (default bench_results/cpu-<model>.json)")
+    ap.add_argument("--out", default=None,
+                    help="output JSON (default bench_results/cpu-<model>.json)")
     args = ap.parse_args(argv)
     ops, reason = maxsim.cpu_ops()
     if ops is None:
         sys.exit(f"the compiled CPU kernels are unavailable: {reason}")
     cores = torch.get_num_threads()
-    reps = 3 if args.quick else 7
+    reps = 3 if args.quick else 5
     names = [n for n in WORKLOADS if not args.only or n in args.only.split(",")]
     rows, t0 = [], time.time()
     for name in names:
@@ -189,12 +200,10 @@ def main(argv=None):
             counts = [cores] + ([1] if name in SCALING and cores > 1 else [])
             for threads in counts:
                 torch.set_num_threads(threads)
-                for impl, fn in impls.items():
-                    if impl == "maxsim-cpu" and threads != cores:
-                        continue  # its thread pool is fixed at import
-                    row = run_row(name, dtype_name, impl, fn, ref, threads, reps)
+                fns = {k: v for k, v in impls.items() if k != "maxsim-cpu" or threads == cores}
+                for row in run_rows(name, dtype_name, fns, ref, threads, reps):
                     rows.append(row)
-                    print(f"{name:<18} {dtype_name:<5} {impl:<13} {threads:>2}t "
+                    print(f"{name:<18} {dtype_name:<5} {row['impl']:<13} {threads:>2}t "
                           f"{row['ms_p50'] or float('nan'):9.2f} ms  rel_err "
                           f"{row['rel_err'] or 0:.1e}  peak {row['peak_mb'] or 0:.0f} MB "
                           f"{row['status'] if row['status'] != 'ok' else ''}", flush=True)
