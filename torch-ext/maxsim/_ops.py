@@ -361,30 +361,18 @@ def _load_jit(torch, root):
     )
     sm = "-".join("sm" + a.replace(".", "") for a in archs)
 
-    cache = Path(
-        os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    build_dir = _build_dir(torch, name, sm)
+    failed = _compile_once(
+        name,
+        build_dir,
+        f"the CUDA extension for {sm}",
+        sources=[str(s) for s in compiled_sources(root)],
+        extra_cflags=cxx_flags(),
+        extra_cuda_cflags=nvcc_flags(archs),
+        extra_include_paths=include_dirs(root),
     )
-    build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-{sm}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    if not (build_dir / f"{name}.so").exists():
-        print(
-            f"maxsim: compiling the CUDA extension for {sm} once (cached in {build_dir})",
-            file=sys.stderr,
-        )
-    try:
-        cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in compiled_sources(root)],
-            extra_cflags=cxx_flags(),
-            extra_cuda_cflags=nvcc_flags(archs),
-            extra_include_paths=include_dirs(root),
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=os.environ.get("MAXSIM_JIT_VERBOSE") == "1",
-        )
-    except Exception as exc:
-        tail = "\n".join(str(exc).strip().splitlines()[-12:])
-        return None, f"the JIT build of {name} failed:\n{tail}"
+    if failed:
+        return None, failed
     return getattr(torch.ops, name), f"JIT-built {name} for {sm} in {build_dir}"
 
 
@@ -428,26 +416,47 @@ def _load_cpu():
         cpp_extension.verify_ninja_availability()
     except RuntimeError:
         return None, "ninja not found (pip install ninja)"
+    build_dir = _build_dir(torch, name, "cpu")
+    failed = _compile_once(
+        name,
+        build_dir,
+        "the CPU extension",
+        sources=[str(root / "torch-ext" / "torch_binding.cpp")]
+        + [str(s) for s in cpu_compiled_sources(root)],
+        extra_cflags=CPU_CXX_FLAGS,
+        extra_include_paths=include_dirs(root),
+        with_cuda=False,
+    )
+    if failed:
+        return None, failed
+    return getattr(torch.ops, name), f"JIT-built {name} in {build_dir}"
+
+
+def _build_dir(torch, name, tag):
+    """The cache folder of one build (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions)."""
     cache = Path(
         os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     )
-    build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-cpu"
+    build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-{tag}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    return build_dir
+
+
+def _compile_once(name, build_dir, what, **load_args):
+    """Builds (or reuses) and loads extension `name` in `build_dir`; None, or why it failed."""
+    from torch.utils import cpp_extension
+
     if not (build_dir / f"{name}.so").exists():
-        print(f"maxsim: compiling the CPU extension once (cached in {build_dir})", file=sys.stderr)
+        print(f"maxsim: compiling {what} once (cached in {build_dir})", file=sys.stderr)
     try:
         cpp_extension.load(
             name=name,
-            sources=[str(root / "torch-ext" / "torch_binding.cpp")]
-            + [str(s) for s in cpu_compiled_sources(root)],
-            extra_cflags=CPU_CXX_FLAGS,
-            extra_include_paths=include_dirs(root),
             build_directory=str(build_dir),
             is_python_module=False,
-            with_cuda=False,
             verbose=os.environ.get("MAXSIM_JIT_VERBOSE") == "1",
+            **load_args,
         )
     except Exception as exc:
         tail = "\n".join(str(exc).strip().splitlines()[-12:])
-        return None, f"the JIT build of {name} failed:\n{tail}"
-    return getattr(torch.ops, name), f"JIT-built {name} in {build_dir}"
+        return f"the JIT build of {name} failed:\n{tail}"
+    return None
