@@ -19,6 +19,10 @@ lint:
 bench *args:
     {{python}} benchmarks/bench.py {{args}}
 
+# CPU benchmark (compiled kernels, PyTorch path, naive einsum, maxsim-cpu): bench_results/cpu-<model>.json
+bench-cpu *args:
+    {{python}} benchmarks/bench_cpu.py {{args}}
+
 # Run one example by number: just example 01
 example n:
     {{python}} examples/{{n}}_*.py

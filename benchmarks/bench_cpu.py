@@ -183,6 +183,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 reps per row, no file unless --out")
     ap.add_argument("--only", default="", help="comma-separated workloads")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds at least")
     ap.add_argument("--out", default=None,
                     help="output JSON (default bench_results/cpu-<model>.json)")
     args = ap.parse_args(argv)
@@ -190,7 +191,7 @@ def main(argv=None):
     if ops is None:
         sys.exit(f"the compiled CPU kernels are unavailable: {reason}")
     cores = torch.get_num_threads()
-    reps = 3 if args.quick else 5
+    reps = 3 if args.quick else args.reps
     names = [n for n in WORKLOADS if not args.only or n in args.only.split(",")]
     rows, t0 = [], time.time()
     for name in names:

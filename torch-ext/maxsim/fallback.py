@@ -28,7 +28,7 @@ _TOKEN_BYTES = 32
 _GRAD_BYTES = 16
 # Largest similarity block: few enough ops per call that their fixed cost (and a thread pool's
 # wake-up) stays small, small enough that a block and its reduction share the last-level cache.
-_SIM_BLOCK_BYTES = 32 * 2**20
+_SIM_BLOCK_BYTES = 64 * 2**20
 
 
 class _Segments:
@@ -50,6 +50,10 @@ class _Segments:
         else:
             self.lengths = None if lengths is None else lengths.long()
             self.width = x.size(1)
+        # Bytes a gathered token costs beyond its input: none for a view of padded fp32 tokens
+        # that are all valid; an fp32 copy and its zeroed twin otherwise.
+        views = not self.packed and x.dtype == torch.float32 and lengths is None and mask is None
+        self.copy_bytes = 0 if views else 8 * x.size(-1)
 
     def gather(self, ids):
         """fp32 tokens ``[n, width, H]`` and validity ``[n, width]`` of segments ``ids``.
@@ -218,8 +222,9 @@ def _fwd_allpairs(queries, documents, scores, argmax):
     lw, dw, h = queries.width, documents.width, queries.x.size(-1)
     per_pair = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES
     budget = _sim_budget()
-    bq = _fit(budget - dw * h * 8, per_pair + lw * h * 8, nq)  # queries next to one document
-    bd = _fit(budget - bq * lw * h * 8, bq * per_pair + dw * h * 8, nd)
+    q_copy, d_copy = lw * queries.copy_bytes, dw * documents.copy_bytes
+    bq = _fit(budget - d_copy, per_pair + q_copy, nq)  # queries next to one document
+    bd = _fit(budget - bq * q_copy, bq * per_pair + d_copy, nd)
     keep = lw if argmax is None else min(lw, argmax.size(-1))
     for j0 in range(0, nd, bd):
         d_tokens, d_valid, d_bias = documents.gather_zeroed(slice(j0, j0 + bd))
@@ -247,7 +252,8 @@ def _fwd_grouped(queries, documents, group, scores, argmax):
     """GROUPED: each query with its own ``group`` documents, one batched GEMM per query chunk."""
     nq = scores.size(0)
     lw, dw, h = queries.width, documents.width, queries.x.size(-1)
-    per_query = group * (lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES + dw * h * 8) + lw * h * 8
+    per_doc = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES + dw * documents.copy_bytes
+    per_query = group * per_doc + lw * queries.copy_bytes
     bq = _fit(_sim_budget(), per_query, nq)
     keep = lw if argmax is None else min(lw, argmax.size(-1))
     for i0 in range(0, nq, bq):
