@@ -397,6 +397,9 @@ def render(results, docs_dir: Path, readme_dir: Path) -> tuple[str, dict[Path, b
     if not results:
         out += ["No results yet: run `just bench` on a GPU, then `just render`.", ""]
     for slug, doc in results:
+        if "cpu" in doc:  # benchmarks/bench_cpu.py
+            out += cpu_section(doc)
+            continue
         gpu = doc.get("gpu", slug)
         out += [f"### {gpu}", "", header_line(doc), ""]
         out += main_table(doc)
@@ -417,6 +420,33 @@ def render(results, docs_dir: Path, readme_dir: Path) -> tuple[str, dict[Path, b
         out += all_impls_table(doc)
         out += ["", "</details>", ""]
     return "\n".join(out), files
+
+
+CPU_IMPLS = ("maxsim", "maxsim-torch", "naive", "maxsim-cpu")
+
+
+def cpu_section(doc) -> list[str]:
+    """The table of ``benchmarks/bench_cpu.py``'s JSON: p50 ms per implementation, and the
+    compiled kernels' speed-up over the naive einsum and maxsim-cpu (their time over ours)."""
+    out = [f"### CPU: {doc['cpu']} ({doc['threads']} threads)", "",
+           f"_commit {doc['commit']}, torch {doc['torch']}; implementations timed interleaved "
+           "call by call; `maxsim-torch` is the pure-PyTorch path, `maxsim-cpu` the Rust + "
+           "libxsmm package from PyPI (fp32 only, its own thread pool)._", "",
+           "| workload | dtype | threads | maxsim ms | maxsim-torch ms | naive ms | "
+           "maxsim-cpu ms | × naive | × maxsim-cpu |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    cells: dict[tuple, dict] = {}
+    for r in doc["rows"]:
+        if _ok(r):
+            cells.setdefault((r["workload"], r["dtype"], r["threads"]), {})[r["impl"]] = r["ms_p50"]
+    for (wl, dt, th), ms in cells.items():
+        ours = ms.get("maxsim")
+        peer = ms.get("maxsim-cpu")
+        speed = [f_x(ms["naive"] / ours) if ours and ms.get("naive") else "–",
+                 f_x(peer / ours) if ours and peer else "–"]
+        times = [f_ms(ms.get(i)) if ms.get(i) else "–" for i in CPU_IMPLS]
+        out.append(f"| {wl} | {dt} | {th} | " + " | ".join(times + speed) + " |")
+    return out + [""]
 
 
 def fidelity_section(doc) -> str:
