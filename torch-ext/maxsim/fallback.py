@@ -55,12 +55,13 @@ class _Segments:
         views = not self.packed and x.dtype == torch.float32 and lengths is None and mask is None
         self.copy_bytes = 0 if views else 8 * x.size(-1)
 
-    def gather(self, ids):
+    def gather(self, ids, width=None):
         """fp32 tokens ``[n, width, H]`` and validity ``[n, width]`` of segments ``ids``.
 
-        ``ids`` is a slice (padded: a view, no copy) or an int64 index tensor.
+        ``ids`` is a slice (padded: a view, no copy) or an int64 index tensor; ``width``: a
+        narrower width for packed segments known to be no longer.
         """
-        cols = torch.arange(self.width, device=self.x.device)
+        cols = torch.arange(self.width if width is None else width, device=self.x.device)
         if self.packed:
             rows = (self.starts[ids, None] + cols).clamp_(max=max(self.x.size(0) - 1, 0))
             tokens = self.x[rows]
@@ -77,11 +78,22 @@ class _Segments:
                 valid = valid & self.mask[ids]
         return tokens.float(), valid
 
-    def gather_zeroed(self, ids):
+    def blocks(self, size):
+        """``(ids, width)`` of consecutive blocks of ``size`` segments. Packed CPU segments go
+        shortest first, each block only as wide as its longest (the lengths are on the host), so
+        little of a block is padding; elsewhere in order, as slices, at the full width."""
+        n = self.lengths.numel() if self.packed else self.x.size(0)
+        if not (self.packed and self.x.device.type == "cpu"):
+            return [(slice(j, j + size), self.width) for j in range(0, n, size)]
+        order = torch.argsort(self.lengths, stable=True)
+        ends = self.lengths[order].tolist()
+        return [(order[j : j + size], ends[min(j + size, n) - 1]) for j in range(0, n, size)]
+
+    def gather_zeroed(self, ids, width=None):
         """``gather`` with invalid tokens zeroed (padding may hold anything, NaN included), and
         the additive fp32 bias ``[n, width]`` that keeps them from ever winning a max (0 / -inf);
         None when every token is valid."""
-        tokens, valid = self.gather(ids)
+        tokens, valid = self.gather(ids, width)
         if not (self.packed or self.lengths is not None or self.mask is not None):
             return tokens, valid, None
         tokens = torch.where(valid[..., None], tokens, 0.0)
@@ -226,8 +238,8 @@ def _fwd_allpairs(queries, documents, scores, argmax):
     bq = _fit(budget - d_copy, per_pair + q_copy, nq)  # queries next to one document
     bd = _fit(budget - bq * q_copy, bq * per_pair + d_copy, nd)
     keep = lw if argmax is None else min(lw, argmax.size(-1))
-    for j0 in range(0, nd, bd):
-        d_tokens, d_valid, d_bias = documents.gather_zeroed(slice(j0, j0 + bd))
+    for ids, dw in documents.blocks(bd):
+        d_tokens, d_valid, d_bias = documents.gather_zeroed(ids, dw)
         b = d_tokens.size(0)
         d_flat = d_tokens.reshape(b * dw, h)
         d_bias = None if d_bias is None else d_bias.view(1, b * dw)
@@ -243,9 +255,9 @@ def _fwd_allpairs(queries, documents, scores, argmax):
                 d_valid[None],
                 argmax is not None,
             )
-            scores[i0 : i0 + a, j0 : j0 + b] = block_scores
+            scores[i0 : i0 + a, ids] = block_scores
             if argmax is not None:
-                argmax[i0 : i0 + a, j0 : j0 + b, :keep] = block_argmax[..., :keep]
+                argmax[i0 : i0 + a, ids, :keep] = block_argmax[..., :keep]
 
 
 def _fwd_grouped(queries, documents, group, scores, argmax):
