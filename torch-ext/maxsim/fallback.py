@@ -135,9 +135,9 @@ def _exact_fp32_matmul(device: torch.device):
 def _reduce(sim, q_valid, d_valid, with_argmax=True):
     """Scores and argmax of a block of similarities whose invalid document tokens hold -inf.
 
-    One pass over the block (``max``); the fix-ups below touch only ``[a, Lq, b]`` tensors, except
-    the first-NaN search, which runs only when a NaN won (on CPU; elsewhere always, as checking
-    would need a device->host sync).
+    Scores alone take one pass over the block (``amax``); the argmax adds a first-NaN search
+    (checking first whether any NaN won would need a device->host read). The other fix-ups touch
+    only ``[a, Lq, b]`` tensors.
 
     Shapes: ``sim [a, Lq, b, Ld]`` fp32, ``q_valid [a, Lq]``, ``d_valid [a or 1, b, Ld]`` ->
     scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32 (None without ``with_argmax``).
@@ -154,11 +154,9 @@ def _reduce(sim, q_valid, d_valid, with_argmax=True):
     # All valid similarities are -inf: the first valid token is the argmax.
     first_valid = d_valid.view(torch.uint8).argmax(-1)[:, None]
     index = torch.where(values == float("-inf"), first_valid, index)
-    won_by_nan = values.isnan() & counts
-    if sim.device.type != "cpu" or bool(won_by_nan.any()):
-        # The first valid NaN is the argmax (not left to max's unspecified NaN index).
-        is_nan = sim.isnan() & d_valid[:, None]
-        index = torch.where(won_by_nan, is_nan.view(torch.uint8).argmax(-1), index)
+    # The first valid NaN is the argmax (not left to max's unspecified NaN index).
+    is_nan = sim.isnan() & d_valid[:, None]
+    index = torch.where(values.isnan(), is_nan.view(torch.uint8).argmax(-1), index)
     values = torch.where(counts, values, 0.0)
     index = torch.where(counts, index, -1)
     return values.sum(dim=1), index.transpose(1, 2).to(torch.int32)
