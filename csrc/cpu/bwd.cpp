@@ -4,11 +4,11 @@
 // pairs' contributions in pair order in fp32 and rounds once: gradients are bit-identical run
 // after run and thread count, with no atomics.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <vector>
 
 #include "cpu/ops.h"
+#include "cpu/threads.h"
 #include "cpu/token_sets.h"
 #include "params.h"
 
@@ -78,8 +78,9 @@ void grad_side(const BwdCall& c, bool query_side, at::Tensor& out) {
   const Segments& own = query_side ? *c.q : *c.d;
   const Segments& other = query_side ? *c.d : *c.q;
   const int64_t h = own.h;
-  at::parallel_for(0, own.count, 1, [&](int64_t n0, int64_t n1) {
-    std::vector<float> acc, tmp(h);
+  const auto make_scratch = [&] { return std::vector<float>(h); };
+  for_each_grab(own.count, make_scratch, [&](int64_t n0, int64_t n1, std::vector<float>& tmp) {
+    std::vector<float> acc;
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t len = query_side ? std::min(own.length(n), c.width) : own.length(n);
       acc.assign(len * h, 0.f);

@@ -4,18 +4,17 @@
 // work item is one document against the queries it is paired with. The document's valid tokens
 // are read in place (fp32) or converted a chunk at a time (fp16 / bf16) and folded into every
 // paired query's running max, so similarities never reach memory. Work items are handed out
-// dynamically: documents differ in length, and other processes may hold a core.
+// dynamically (threads.h): documents differ in length, and other processes may hold a core.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <vector>
 
 #include "cpu/ops.h"
-#include "cpu/token_sets.h"
+#include "cpu/threads.h"
 #include "cpu/tile.h"
+#include "cpu/token_sets.h"
 #include "params.h"
 
 namespace maxsim::cpu {
@@ -163,18 +162,18 @@ int64_t memory_budget_bytes() {
   return static_cast<int64_t>((mb > 0 ? mb : 128.0) * 1048576.0);
 }
 
-// Runs `work(item, scratch)` for items [0, n) on every thread, items handed out a few at a time.
+// Runs `work(item, scratch)` for items [0, n), each thread with its own scratch.
 template <typename Work>
 void for_each_item(int64_t n, const Segments& d, int64_t chunk, const Work& work) {
-  std::atomic<int64_t> next{0};
-  const int64_t grab = std::max<int64_t>(1, n / (16 * at::get_num_threads()));
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  const auto make_scratch = [&] {
     Scratch s;
     s.rows.resize(chunk);
     s.tok.resize(chunk);
-    if (!d.is_fp32()) s.converted.resize(chunk * d.h);
-    for (int64_t i0; (i0 = next.fetch_add(grab)) < n;)
-      for (int64_t i = i0; i < std::min(n, i0 + grab); ++i) work(i, s);
+    s.converted.resize(chunk * d.h);
+    return s;
+  };
+  for_each_grab(n, make_scratch, [&](int64_t i0, int64_t i1, Scratch& s) {
+    for (int64_t i = i0; i < i1; ++i) work(i, s);
   });
 }
 

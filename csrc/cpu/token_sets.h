@@ -118,19 +118,16 @@ struct Segments {
   const char* row(int64_t r) const { return data + r * h * elem; }
   void row_fp32(int64_t n, int64_t t, float* out) const { to_fp32(row(begin(n) + t), dtype, h, out); }
 
-  // The valid tokens of segment n in [t0, t1): their fp32 rows (in place, or converted into
-  // `buf`) and indices; returns how many.
+  // The valid tokens of segment n in [t0, t1): their fp32 rows, copied into `buf` (one
+  // sequential stream from memory, then read from cache by every query vector pair), and their
+  // indices; returns how many.
   int gather_rows(int64_t n, int64_t t0, int64_t t1, const float** out, int* tok, float* buf) const {
     const int64_t b = begin(n);
     int c = 0;
     for (int64_t t = t0; t < t1; ++t) {
       if (mask && !mask[b + t]) continue;
-      if (is_fp32()) {
-        out[c] = reinterpret_cast<const float*>(row(b + t));
-      } else {
-        to_fp32(row(b + t), dtype, h, buf + c * h);
-        out[c] = buf + c * h;
-      }
+      to_fp32(row(b + t), dtype, h, buf + c * h);
+      out[c] = buf + c * h;
       tok[c++] = static_cast<int>(t);
     }
     return c;
