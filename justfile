@@ -23,6 +23,9 @@ bench *args:
 # bench_results/apple-<chip>.json; arguments go to bench.py (e.g. --only rerank,train_small)
 bench-metal *args:
     {{python}} benchmarks/bench.py --impl maxsim,maxsim-autograd,naive {{args}}
+# CPU benchmark (compiled kernels, PyTorch path, naive einsum, maxsim-cpu): bench_results/cpu-<model>.json
+bench-cpu *args:
+    {{python}} benchmarks/bench_cpu.py {{args}}
 
 # Run one example by number: just example 01
 example n:

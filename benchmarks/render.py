@@ -516,13 +516,17 @@ def render(results, docs_dir: Path, readme_dir: Path, page: Path,
         notes += [f"_Not rendered: `bench_results/{name}` ({why}); re-measure it with "
                   "`python benchmarks/bench.py`._", ""]
     readme = ["", README_NOTE.format(page=link), ""] + notes
-    if len(results) > 1:
+    if sum("cpu" not in doc for _, doc in results) > 1:
         readme += ["### Across GPUs", "", "_maxsim's p50 ms on each GPU · its speed-up over the "
                    "fastest peer measured on that GPU (`just bench-matrix FLAVOR` runs the "
                    "benchmark on HF Jobs, `just bench-pull` fetches the files)._", ""]
-        readme += matrix_table(results) + [""]
+        readme += matrix_table([(n, d) for n, d in results if "cpu" not in d]) + [""]
     full = ["", PAGE_NOTE, ""] + notes
     for slug, doc in results:
+        if "cpu" in doc:  # benchmarks/bench_cpu.py: its own table, not a GPU's
+            readme += cpu_section(doc, headline=True)
+            full += cpu_section(doc)
+            continue
         gpu = doc.get("gpu", slug)
         plots = _plots(slug, doc, gpu, docs_dir, files)
         readme += [f"### {gpu}", "", f"{measured_line(doc)} All tables: "
@@ -538,6 +542,36 @@ def render(results, docs_dir: Path, readme_dir: Path, page: Path,
         full += ["All implementations (p50 ms / peak MB · k kernel ms):", ""]
         full += all_impls_table(doc) + [""]
     return "\n".join(readme), "\n".join(full), files
+
+
+CPU_IMPLS = ("maxsim", "maxsim-torch", "naive", "maxsim-cpu")
+
+
+def cpu_section(doc, headline: bool = False) -> list[str]:
+    """The table of ``benchmarks/bench_cpu.py``'s JSON: p50 ms per implementation, and the
+    compiled kernels' speed-up over the naive einsum and maxsim-cpu (their time over ours).
+    ``headline``: all threads only, no commit and no pure-PyTorch column (the README's form)."""
+    impls = [i for i in CPU_IMPLS if not (headline and i == "maxsim-torch")]
+    where = (f"{doc['torch']}" if headline else f"{doc['torch']}, commit {doc['commit']}")
+    out = [f"### CPU: {doc['cpu']} ({doc['threads']} threads)", "",
+           f"_torch {where}; implementations timed interleaved call by call; "
+           + ("" if headline else "`maxsim-torch` is the pure-PyTorch path, ")
+           + "`maxsim-cpu` the Rust + libxsmm package from PyPI (fp32 only)._", "",
+           "| workload | dtype | threads | " + " | ".join(f"{i} ms" for i in impls)
+           + " | × naive | × maxsim-cpu |",
+           "| --- | --- | ---: | " + " | ".join("---:" for _ in impls) + " | ---: | ---: |"]
+    cells: dict[tuple, dict] = {}
+    for r in doc["rows"]:
+        if _ok(r) and not (headline and r["threads"] != doc["threads"]):
+            cells.setdefault((r["workload"], r["dtype"], r["threads"]), {})[r["impl"]] = r["ms_p50"]
+    for (wl, dt, th), ms in cells.items():
+        ours = ms.get("maxsim")
+        peer = ms.get("maxsim-cpu")
+        speed = [f_x(ms["naive"] / ours) if ours and ms.get("naive") else "–",
+                 f_x(peer / ours) if ours and peer else "–"]
+        times = [f_ms(ms.get(i)) if ms.get(i) else "–" for i in impls]
+        out.append(f"| {wl} | {dt} | {th} | " + " | ".join(times + speed) + " |")
+    return out + [""]
 
 
 def splice(text: str, section: str, start: str = START, end: str = END) -> str:

@@ -2,7 +2,8 @@
 
     python scripts/build_variant.py [--archs "7.5 8.0 8.6 8.9 9.0a+PTX"] [--out build]
 
-writes build/torch<MAJ><MIN>-cxx11-cu<CUDA>-<cpu>-<os>/, which `kernels.get_local_kernel(".")`
+writes build/torch<MAJ><MIN>-cxx11-cu<CUDA>-<cpu>-<os>/ (with a CPU-only torch: the CPU kernels
+alone, build/torch<MAJ><MIN>-cxx11-cpu-<cpu>-<os>/), which `kernels.get_local_kernel(".")`
 loads exactly as `get_kernel("<org>/maxsim")` would from the Hub:
 
     metadata.json                     name, id, version, license, python-depends, backend + archs
@@ -49,15 +50,16 @@ recipe = load_recipe()
 
 
 def variant_name(torch):
-    """The `kernels` variant string for this torch: torch{M}{m}-{cxx11|cxx98}-cu{XY}-{cpu}-{os}."""
+    """The `kernels` variant string for this torch: torch{M}{m}-{cxx11|cxx98}-cu{XY}-{cpu}-{os},
+    or torch{M}{m}-{cxx11|cxx98}-cpu-{cpu}-{os} for a CPU-only torch."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
-    cuda = "cu" + "".join(torch.version.cuda.split(".")[:2])
+    cuda = "cpu" if torch.version.cuda is None else "cu" + "".join(torch.version.cuda.split(".")[:2])
     return f"torch{major}{minor}-{abi}-{cuda}-{platform.machine()}-{platform.system().lower()}"
 
 
-def hub_extension_name(root):
-    return recipe.extension_name(root) + "_hub"
+def hub_extension_name(root, cpu=False):
+    return (recipe.cpu_extension_name(root) if cpu else recipe.extension_name(root)) + "_hub"
 
 
 def build_config():
@@ -75,12 +77,18 @@ def metadata(name, archs):
         "version": general["version"],
         "license": general["license"],
         "python-depends": [],
-        "backend": {"type": "cuda", "archs": recipe.kernels_archs(archs)},
+        "backend": {"type": "cpu"} if archs is None
+        else {"type": "cuda", "archs": recipe.kernels_archs(archs)},
     }
 
 
-def ops_module(name):
-    return f'''"""The CUDA extension bundled with this kernels-hub build (from build_variant.py)."""
+def ops_module(name, cpu=False):
+    if cpu:
+        cuda_body = 'return None, "a CPU-only kernels-hub build"'
+    else:
+        cuda_body = (f'if not torch.cuda.is_available():\n        return None, "no GPU is visible to '
+                     f'torch"\n    return ops, "bundled {name} (kernels-hub build)"')
+    return f'''"""The extension bundled with this kernels-hub build (from build_variant.py)."""
 
 import torch
 
@@ -95,8 +103,11 @@ def add_op_namespace_prefix(op_name: str) -> str:
 
 def load_cuda_ops():
     """The package loader's contract: (ops, where they came from) or (None, why not)."""
-    if not torch.cuda.is_available():
-        return None, "no GPU is visible to torch"
+    {cuda_body}
+
+
+def load_cpu_ops():
+    """The same for the CPU kernels, which every build carries."""
     return ops, "bundled {name} (kernels-hub build)"
 '''
 
@@ -144,19 +155,33 @@ def init_with_ops_import(source):
 
 
 def compile_in_child(name, archs, build_dir):
-    """Runs `--compile` below in a fresh interpreter; returns the built .so."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--compile",
-        name,
-        "--archs",
-        " ".join(archs),
-        "--build-dir",
-        str(build_dir),
-    ]
+    """Runs `--compile` below in a fresh interpreter (archs None: the CPU-only build); returns
+    the built .so."""
+    cmd = [sys.executable, __file__, "--compile", name, "--build-dir", str(build_dir)]
+    cmd += ["--archs", " ".join(archs)] if archs else ["--cpu"]
     subprocess.run(cmd, check=True)
     return build_dir / f"{name}.so"
+
+
+def compile_cpu_here(name, build_dir):
+    """The CPU-only extension, as the package's JIT build compiles it."""
+    import torch
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(
+        name=name,
+        sources=[str(ROOT / "torch-ext" / "torch_binding.cpp")]
+        + [str(s) for s in recipe.cpu_compiled_sources(ROOT)],
+        extra_cflags=recipe.CPU_CXX_FLAGS,
+        extra_include_paths=recipe.include_dirs(ROOT),
+        build_directory=str(build_dir),
+        is_python_module=False,
+        with_cuda=False,
+        verbose=True,
+    )
+    for op in ("fwd", "bwd"):
+        getattr(getattr(torch.ops, name), op)
 
 
 def compile_here(name, archs, build_dir):
@@ -199,7 +224,7 @@ def lay_out(variant_dir, name, archs, so_path):
         (variant_dir / rel).write_text(
             init_with_ops_import(text) if rel.as_posix() == "__init__.py" else text
         )
-    (variant_dir / "_ops.py").write_text(ops_module(name))
+    (variant_dir / "_ops.py").write_text(ops_module(name, cpu=archs is None))
     shutil.copy2(so_path, variant_dir / f"{name}.abi3.so")
     (variant_dir / "metadata.json").write_text(json.dumps(metadata(name, archs), indent=2) + "\n")
     (variant_dir / "maxsim").mkdir(exist_ok=True)
@@ -218,24 +243,28 @@ def main():
     )
     parser.add_argument("--compile", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--build-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     archs = recipe.parse_archs(args.archs)
 
     if args.compile:
-        compile_here(args.compile, archs, args.build_dir)
+        if args.cpu:
+            compile_cpu_here(args.compile, args.build_dir)
+        else:
+            compile_here(args.compile, archs, args.build_dir)
         return
 
     import torch
 
-    if torch.version.cuda is None:
-        sys.exit(f"torch {torch.__version__} has no CUDA: install a CUDA build of torch")
     if recipe.source_root() != ROOT:
-        sys.exit(f"no CUDA sources under {ROOT} (csrc/*.cu, torch-ext/torch_binding.cpp)")
-    name = hub_extension_name(ROOT)
+        sys.exit(f"no sources under {ROOT} (csrc/*.cu, torch-ext/torch_binding.cpp)")
+    cpu = torch.version.cuda is None  # a CPU-only torch builds the CPU variant
+    archs = None if cpu else archs
+    name = hub_extension_name(ROOT, cpu=cpu)
     variant = variant_name(torch)
     so_path = compile_in_child(name, archs, args.out / ".objects" / name)
     lay_out(args.out / variant, name, archs, so_path)
-    print(f"built {args.out / variant} ({name}, archs {' '.join(archs)})")
+    print(f"built {args.out / variant} ({name}, {'CPU' if cpu else 'archs ' + ' '.join(archs)})")
 
 
 if __name__ == "__main__":

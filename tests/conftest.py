@@ -18,6 +18,7 @@ from maxsim.reference import reference_fwd
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HAS_CUDA = torch.cuda.is_available()
 HAS_CUDA_OPS = maxsim.cuda_ops()[0] is not None
+HAS_CPU_OPS = maxsim.cpu_ops()[0] is not None
 
 
 def pytest_configure(config):
@@ -55,6 +56,8 @@ def seeded_rng(request):
 
 def _backend_params():
     params = [pytest.param(("torch", "cpu"), id="torch-cpu")]
+    if HAS_CPU_OPS:
+        params.append(pytest.param(("cpu", "cpu"), id="cpu"))
     if HAS_CUDA:
         params.append(pytest.param(("torch", "cuda"), id="torch-cuda", marks=pytest.mark.cuda))
     if HAS_CUDA_OPS:

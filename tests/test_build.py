@@ -115,12 +115,18 @@ def test_build_toml_matches_the_sources_and_archs():
     kernel = BUILD_TOML["kernel"]["maxsim"]
     sources = sorted(
         p.relative_to(ROOT).as_posix()
-        for pattern in ("*.cu", "*.cuh", "*.h")
+        for pattern in ("*.cu", "*.cuh", "*.h", "cpu/*.cpp", "cpu/*.h")
         for p in (ROOT / "csrc").glob(pattern)
     )
     assert sorted(kernel["src"]) == sources, "list every csrc/*.cu, *.cuh, *.h in build.toml"
+    cpu_sources = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in list((ROOT / "csrc/cpu").glob("*")) + [ROOT / "csrc/params.h"]
+    )
+    assert BUILD_TOML["kernel"]["maxsim_cpu"]["backend"] == "cpu"
+    assert sorted(BUILD_TOML["kernel"]["maxsim_cpu"]["src"]) == cpu_sources
     binding = sorted(
-        ["torch-ext/torch_binding.cpp"]
+        ["torch-ext/torch_binding.cpp", "torch-ext/torch_binding_cpu.cpp"]
         + [p.relative_to(ROOT).as_posix() for p in (ROOT / "torch-ext").glob("*.h")]
     )
     assert sorted(BUILD_TOML["torch"]["src"]) == binding

@@ -1,7 +1,8 @@
 """The PyTorch fallback and ``retrieve`` stay within their memory budget.
 
 8 queries x 1000 documents (Lq 32, Ld 512, H 64, fp32): the naive similarity tensor alone would
-take 524 MB. Each check runs in a fresh process (peak RSS is per process) with a 64 MB budget and
+take 524 MB. ``maxsim`` runs the compiled CPU kernels where they build, ``maxsim-torch`` the
+PyTorch path. Each check runs in a fresh process (peak RSS is per process) with a 64 MB budget and
 requires the peak RSS, measured once the inputs exist, to grow by less than 150 MB.
 """
 
@@ -25,7 +26,9 @@ print((after - before) / 1024)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is in KiB on Linux")
 @pytest.mark.parametrize(
-    "call, args", [("maxsim", ""), ("retrieve", ", 2")], ids=["maxsim", "retrieve"]
+    "call, args",
+    [("maxsim", ""), ("maxsim", ", backend='torch'"), ("retrieve", ", 2")],
+    ids=["maxsim", "maxsim-torch", "retrieve"],
 )
 def test_peak_memory_stays_bounded(call, args):
     env = dict(os.environ, MAXSIM_TORCH_MEMORY_MB="64", CUDA_VISIBLE_DEVICES="")

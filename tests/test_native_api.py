@@ -156,8 +156,8 @@ def test_maxsim_scorer_module(backend_device):
 def test_auto_backend_picks_by_device(backend_device):
     backend, device = backend_device
     chosen = maxsim.select_ops(torch.device(device), "auto")
-    ops, _ = maxsim.cuda_ops()
-    expected = ops if (device == "cuda" and ops is not None) else torch.ops.maxsim_torch
+    ops = maxsim.cuda_ops()[0] if device == "cuda" else maxsim.cpu_ops()[0]
+    expected = ops if ops is not None else torch.ops.maxsim_torch
     assert chosen is expected
     assert maxsim.select_ops(torch.device(device), "torch") is torch.ops.maxsim_torch
 

@@ -24,8 +24,10 @@ REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 #else
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#if !defined(CPU_KERNEL)  // a CPU-only build (kernel-builder's cpu backend, or the CPU JIT build)
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#endif
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -34,13 +36,24 @@ REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 #include <type_traits>
 #include <tuple>
 
-#include "launch.h"
+#include "cpu/ops.h"
 #include "registration.h"
+#if !defined(CPU_KERNEL)
+#include "launch.h"
+#endif
 
 namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
+
+#if defined(CPU_KERNEL)
+// No CUDA code: the CPU implementations stand in for the ops the autograd wrappers look up.
+using maxsim::cpu::bwd;
+using maxsim::cpu::ce;
+using maxsim::cpu::contrastive_step;
+using maxsim::cpu::fwd;
+#else
 
 maxsim::DType dtype_of(const Tensor& x) {
   switch (x.scalar_type()) {
@@ -447,6 +460,8 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step(
   return {loss, dq, dd};
 }
 
+#endif  // !CPU_KERNEL
+
 // ---- autograd, in C++: a call that needs no gradient pays only the dispatcher's check, and one
 // that does records a node whose backward runs `bwd` on the saved argmax. Both ops are reached
 // through the dispatcher, so fake tensors (torch.compile) take the same path.
@@ -580,6 +595,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
       "Tensor? targets, float scale) -> (Tensor, Tensor, Tensor)");
 }
 
+#if !defined(CPU_KERNEL)
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, m) {
   m.impl("fwd", &fwd);
   m.impl("fwd_scaled", &fwd_scaled);
@@ -587,6 +603,7 @@ TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, m) {
   m.impl("ce", &ce);
   m.impl("contrastive_step", &contrastive_step);
 }
+#endif
 
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, Autograd, m) {
   m.impl("fwd", &fwd_autograd);

@@ -17,7 +17,7 @@ from .compat import (
     score_pairs_packed_train,
     score_pairs_packed_with_argmax,
 )
-from .dispatch import BACKENDS, cuda_ops, select_ops
+from .dispatch import BACKENDS, cpu_ops, cuda_ops, select_ops
 from .losses import contrastive_loss, contrastive_step
 from .native import MaxSimScorer, maxsim, maxsim_pairs, maxsim_varlen, maxsim_with_argmax
 from .quantize import QuantizedTokens, dequantize, quantize
@@ -72,6 +72,7 @@ __all__ = [
     "maxsim_reference_with_argmax",
     # backends
     "BACKENDS",
+    "cpu_ops",
     "cuda_ops",
     "select_ops",
 ]

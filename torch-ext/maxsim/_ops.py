@@ -42,7 +42,25 @@ _SOURCE_GLOBS = (
     "csrc/*.cu",
     "csrc/*.cuh",
     "csrc/*.h",
+    "csrc/cpu/*.cpp",
+    "csrc/cpu/*.h",
     "torch-ext/torch_binding.cpp",
+    "torch-ext/torch_binding_cpu.cpp",
+    "torch-ext/*.h",
+)
+
+# The CPU-only extension: the CPU kernels, the op schemas and autograd (torch_binding.cpp without
+# its CUDA part: CPU_KERNEL, as kernel-builder's cpu backend defines it) and the CPU registrations.
+# The AVX2 + FMA inner loop is compiled with a target attribute and picked at run time, so the
+# build itself needs no -march flag and runs on any x86-64.
+EXTENSION_PREFIX_CPU = "_maxsim_cpu_"
+CPU_CXX_FLAGS = ["-O3", "-DCPU_KERNEL", "-DPy_LIMITED_API=0x030A0000"]
+_CPU_SOURCE_GLOBS = (
+    "csrc/params.h",
+    "csrc/cpu/*.cpp",
+    "csrc/cpu/*.h",
+    "torch-ext/torch_binding.cpp",
+    "torch-ext/torch_binding_cpu.cpp",
     "torch-ext/*.h",
 )
 
@@ -62,16 +80,27 @@ def source_root():
     return None
 
 
-def source_files(root):
+def source_files(root, globs=_SOURCE_GLOBS):
     """Every file whose content goes into the build, sorted: kernels, headers and the binding."""
     root = Path(root)
-    return sorted({p for pattern in _SOURCE_GLOBS for p in root.glob(pattern) if p.is_file()})
+    return sorted({p for pattern in globs for p in root.glob(pattern) if p.is_file()})
+
+
+def cpu_compiled_sources(root):
+    """The translation units of the CPU kernels and their registrations."""
+    root = Path(root)
+    return sorted(root.glob("csrc/cpu/*.cpp")) + [root / "torch-ext" / "torch_binding_cpu.cpp"]
 
 
 def compiled_sources(root):
-    """The translation units: each `csrc/*.cu` plus the torch binding."""
+    """The translation units: each `csrc/*.cu`, the torch binding, and the CPU kernels (a CUDA
+    build serves CPU tensors too)."""
     root = Path(root)
-    return sorted(root.glob("csrc/*.cu")) + [root / "torch-ext" / "torch_binding.cpp"]
+    return (
+        sorted(root.glob("csrc/*.cu"))
+        + [root / "torch-ext" / "torch_binding.cpp"]
+        + cpu_compiled_sources(root)
+    )
 
 
 def include_dirs(root):
@@ -79,11 +108,11 @@ def include_dirs(root):
     return [str(root / "csrc"), str(root / "torch-ext")]
 
 
-def source_hash(root):
+def source_hash(root, globs=_SOURCE_GLOBS):
     """Ten hex digits over the names and contents of the sources: a new version of the sources
     gets a new op namespace, so two versions never register the same one in a process."""
     digest = hashlib.sha256()
-    for path in source_files(root):
+    for path in source_files(root, globs):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:10]
@@ -92,6 +121,11 @@ def source_hash(root):
 def extension_name(root):
     """Module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`."""
     return EXTENSION_PREFIX + source_hash(root)
+
+
+def cpu_extension_name(root):
+    """Module and op-namespace name of a CPU-only build, e.g. `_maxsim_cpu_1a2b3c4d5e`."""
+    return EXTENSION_PREFIX_CPU + source_hash(root, _CPU_SOURCE_GLOBS)
 
 
 def parse_archs(spec):
@@ -327,28 +361,102 @@ def _load_jit(torch, root):
     )
     sm = "-".join("sm" + a.replace(".", "") for a in archs)
 
+    build_dir = _build_dir(torch, name, sm)
+    failed = _compile_once(
+        name,
+        build_dir,
+        f"the CUDA extension for {sm}",
+        sources=[str(s) for s in compiled_sources(root)],
+        extra_cflags=cxx_flags(),
+        extra_cuda_cflags=nvcc_flags(archs),
+        extra_include_paths=include_dirs(root),
+    )
+    if failed:
+        return None, failed
+    return getattr(torch.ops, name), f"JIT-built {name} for {sm} in {build_dir}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU-only extension
+# ---------------------------------------------------------------------------------------------
+
+
+def load_cpu_ops():
+    """Return ``(ops, reason)`` for the CPU-only extension: built once with the C++ compiler and
+    ninja (cached on disk), or None and why not. Cached; never raises."""
+    with _lock:
+        return _load_cpu_cached()
+
+
+@functools.cache
+def _load_cpu_cached():
+    try:
+        return _load_cpu()
+    except Exception as exc:  # a broken build must degrade to the fallback, not break import
+        return None, f"loading the CPU extension failed: {type(exc).__name__}: {exc}"
+
+
+def _load_cpu():
+    import torch
+
+    if os.environ.get("MAXSIM_NO_JIT") == "1":
+        return None, "JIT build disabled by MAXSIM_NO_JIT=1"
+    root = source_root()
+    if root is None:
+        return None, "the C++ sources are not part of this installation"
+    name = cpu_extension_name(root)
+    if _registered(torch, name):
+        return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return None, "no C++ compiler (c++ on PATH, or CXX)"
+    from torch.utils import cpp_extension
+
+    _put_ninja_on_path()
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError:
+        return None, "ninja not found (pip install ninja)"
+    build_dir = _build_dir(torch, name, "cpu")
+    failed = _compile_once(
+        name,
+        build_dir,
+        "the CPU extension",
+        sources=[str(root / "torch-ext" / "torch_binding.cpp")]
+        + [str(s) for s in cpu_compiled_sources(root)],
+        extra_cflags=CPU_CXX_FLAGS,
+        extra_include_paths=include_dirs(root),
+        with_cuda=False,
+    )
+    if failed:
+        return None, failed
+    return getattr(torch.ops, name), f"JIT-built {name} in {build_dir}"
+
+
+def _build_dir(torch, name, tag):
+    """The cache folder of one build (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions)."""
     cache = Path(
         os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     )
-    build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-{sm}"
+    build_dir = cache / "maxsim" / f"{name}-torch{torch.__version__}-{tag}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    return build_dir
+
+
+def _compile_once(name, build_dir, what, **load_args):
+    """Builds (or reuses) and loads extension `name` in `build_dir`; None, or why it failed."""
+    from torch.utils import cpp_extension
+
     if not (build_dir / f"{name}.so").exists():
-        print(
-            f"maxsim: compiling the CUDA extension for {sm} once (cached in {build_dir})",
-            file=sys.stderr,
-        )
+        print(f"maxsim: compiling {what} once (cached in {build_dir})", file=sys.stderr)
     try:
         cpp_extension.load(
             name=name,
-            sources=[str(s) for s in compiled_sources(root)],
-            extra_cflags=cxx_flags(),
-            extra_cuda_cflags=nvcc_flags(archs),
-            extra_include_paths=include_dirs(root),
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=os.environ.get("MAXSIM_JIT_VERBOSE") == "1",
+            **load_args,
         )
     except Exception as exc:
         tail = "\n".join(str(exc).strip().splitlines()[-12:])
-        return None, f"the JIT build of {name} failed:\n{tail}"
-    return getattr(torch.ops, name), f"JIT-built {name} for {sm} in {build_dir}"
+        return f"the JIT build of {name} failed:\n{tail}"
+    return None

@@ -1,8 +1,9 @@
-"""Picks the namespace that runs a call (the CUDA extension's or ``maxsim_torch``) and calls
-``fwd``.
+"""Picks the namespace that runs a call (the CUDA extension's, the CPU extension's or
+``maxsim_torch``) and calls ``fwd``.
 
-The extension is looked up once, at import, and only where CUDA is available; its ops then get
-the same fake kernels as the pure-PyTorch ones. Their autograd formula is registered in C++ by the
+The CUDA extension is looked up once, at import, and only where CUDA is available; the CPU
+kernels on the first call with CPU tensors (the CUDA extension carries them too; else a CPU-only
+build, compiled once). Their ops then get the same fake kernels as the pure-PyTorch ones. Their autograd formula is registered in C++ by the
 extension itself (a call that needs no gradient then never enters Python below this module).
 """
 
@@ -11,12 +12,12 @@ import warnings
 
 import torch
 
-from ._ops import load_cuda_ops
+from ._ops import load_cpu_ops, load_cuda_ops
 from .metal import load_metal_ops
 from .registry import register_fakes, torch_ops
 from .validation import TokenSet
 
-BACKENDS = ("auto", "cuda", "metal", "torch")
+BACKENDS = ("auto", "cuda", "cpu", "metal", "torch")
 
 
 def _load_cuda():
@@ -24,14 +25,19 @@ def _load_cuda():
         return None, "torch.cuda.is_available() is False"
     ops, reason = load_cuda_ops()
     if ops is not None:
-        namespace = ops.fwd.default.namespace
-        # A second copy of this package in the process finds the fake kernels already there.
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Meta"):
-            register_fakes(namespace)
+        _with_fakes(ops)
     elif os.environ.get("MAXSIM_NO_JIT") != "1":  # said once: CUDA calls will run the fallback
         warnings.warn(f"maxsim: CUDA tensors will take the PyTorch fallback, not the fused "
                       f"kernels: {reason}", RuntimeWarning, stacklevel=2)
     return ops, reason
+
+
+def _with_fakes(ops):
+    namespace = ops.fwd.default.namespace
+    # A second copy of this package in the process finds the fake kernels already there.
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace}::fwd", "Meta"):
+        register_fakes(namespace)
+    return ops
 
 
 _CUDA_OPS, _CUDA_REASON = _load_cuda()
@@ -48,14 +54,41 @@ def metal_ops():
     return _METAL_OPS, _METAL_REASON
 
 
-def select_ops(device: torch.device, backend: str = "auto"):
-    """The op namespace for tensors on ``device``: the CUDA extension or the Metal kernels when
-    they apply, else ``maxsim_torch``.
+_CPU = []  # [(ops, reason)] once looked up
 
-    ``backend`` forces one: "torch" always works; "cuda" / "metal" raise if unavailable.
+
+def cpu_ops():
+    """``(ops, reason)``: the namespace whose CPU kernels serve CPU tensors, or None and why none
+    is available. The first call may compile the CPU extension (once per machine)."""
+    if not _CPU:
+        cuda = _CUDA_OPS
+        if cuda is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"{cuda.fwd.default.namespace}::fwd", "CPU"
+        ):
+            _CPU.append((cuda, "the CUDA extension's CPU kernels"))
+        else:
+            ops, reason = load_cpu_ops()
+            _CPU.append((ops if ops is None else _with_fakes(ops), reason))
+    return _CPU[0]
+
+
+def select_ops(device: torch.device, backend: str = "auto"):
+    """The op namespace for tensors on ``device``: the CUDA extension for CUDA tensors, the
+    compiled CPU kernels for CPU tensors, the Metal kernels for MPS tensors, when they load; else
+    ``maxsim_torch``.
+
+    ``backend`` forces one: "torch" always works; "cuda", "cpu" and "metal" raise if their
+    kernels are unavailable or the tensors are elsewhere.
     """
     if backend == "torch":
         return torch_ops
+    if backend == "cpu":
+        ops, reason = cpu_ops()
+        if ops is None:
+            raise RuntimeError(f"backend='cpu': the CPU kernels are unavailable: {reason}")
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu': expected CPU tensors, got {device}")
+        return ops
     if backend == "cuda":
         if _CUDA_OPS is None:
             raise RuntimeError(f"backend='cuda': the CUDA extension is unavailable: {_CUDA_REASON}")
@@ -71,9 +104,13 @@ def select_ops(device: torch.device, backend: str = "auto"):
             raise ValueError(f"backend='metal': expected tensors on an MPS device, got {device}")
         return _METAL_OPS
     if backend == "auto":
+        if device.type == "cuda" and _CUDA_OPS is not None:
+            return _CUDA_OPS
+        if device.type == "cpu":
+            return cpu_ops()[0] or torch_ops
         if device.type == "mps" and _METAL_OPS is not None:
             return _METAL_OPS
-        return _CUDA_OPS if device.type == "cuda" and _CUDA_OPS is not None else torch_ops
+        return torch_ops
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 

@@ -22,12 +22,15 @@ from . import bounds
 from .layouts import ALLPAIRS, GROUPED, scores_shape, segment_count
 from .settings import memory_budget_bytes
 
-# Bytes per element of a similarity block: the fp32 block, its NaN map and mask temporaries.
-_SIM_BYTES = 7
+# Bytes per element of a similarity block: the fp32 block, plus a NaN map on the argmax path.
+_SIM_BYTES = 5
 # Bytes per query token of a pair: per-token maxima, indices and validity on the way to the score.
 _TOKEN_BYTES = 32
 # Bytes per (pair, query token) in backward, per embedding dim: gathered rows, fp32 copy, product.
 _GRAD_BYTES = 16
+# Largest similarity block: few enough ops per call that their fixed cost (and a thread pool's
+# wake-up) stays small, small enough that a block and its reduction share the last-level cache.
+_SIM_BLOCK_BYTES = 64 * 2**20
 
 
 class _Segments:
@@ -50,13 +53,18 @@ class _Segments:
         else:
             self.lengths = None if lengths is None else lengths.long()
             self.width = x.size(1)
+        # Bytes a gathered token costs beyond its input: none for a view of padded fp32 tokens
+        # that are all valid; an fp32 copy and its zeroed twin otherwise.
+        views = not self.packed and x.dtype == torch.float32 and lengths is None and mask is None
+        self.copy_bytes = 0 if views else 8 * x.size(-1)
 
-    def gather(self, ids):
+    def gather(self, ids, width=None):
         """fp32 tokens ``[n, width, H]`` and validity ``[n, width]`` of segments ``ids``.
 
-        ``ids`` is a slice (padded: a view, no copy) or an int64 index tensor.
+        ``ids`` is a slice (padded: a view, no copy) or an int64 index tensor; ``width``: a
+        narrower width for packed segments known to be no longer.
         """
-        cols = torch.arange(self.width, device=self.x.device)
+        cols = torch.arange(self.width if width is None else width, device=self.x.device)
         if self.packed:
             rows = (self.starts[ids, None] + cols).clamp_(max=max(self.x.size(0) - 1, 0))
             empty = self.x.size(0) == 0  # no row to clamp to
@@ -74,10 +82,45 @@ class _Segments:
                 valid = valid & self.mask[ids]
         return tokens.float(), valid
 
+    def blocks(self, size):
+        """``(ids, width)`` of consecutive blocks of ``size`` segments. Packed CPU segments go
+        shortest first, each block only as wide as its longest (the lengths are on the host), so
+        little of a block is padding; elsewhere in order, as slices, at the full width."""
+        n = self.lengths.numel() if self.packed else self.x.size(0)
+        if not (self.packed and self.x.device.type == "cpu"):
+            return [(slice(j, j + size), self.width) for j in range(0, n, size)]
+        order = torch.argsort(self.lengths, stable=True)
+        ends = self.lengths[order].tolist()
+        return [(order[j : j + size], ends[min(j + size, n) - 1]) for j in range(0, n, size)]
+
+    def gather_zeroed(self, ids, width=None):
+        """``gather`` with invalid tokens zeroed (padding may hold anything, NaN included), and
+        the additive fp32 bias ``[n, width]`` that keeps them from ever winning a max (0 / -inf);
+        None when every token is valid."""
+        tokens, valid = self.gather(ids, width)
+        if not (self.packed or self.lengths is not None or self.mask is not None):
+            return tokens, valid, None
+        tokens = torch.where(valid[..., None], tokens, 0.0)
+        bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+        return tokens, valid, bias.masked_fill_(~valid, float("-inf"))
+
+
+def _plus_bias(bias, product, *factors):
+    """``bias + a @ b`` in one call (the GEMM starts from the bias), or just ``a @ b``."""
+    if bias is None:
+        return torch.matmul(*factors)
+    return product(bias, *factors)
+
 
 def _fit(budget: int, per_item: int, total: int) -> int:
     """How many items of ``per_item`` bytes fit in ``budget`` (at least 1, at most ``total``)."""
     return max(1, min(total, budget // max(per_item, 1)))
+
+
+def _sim_budget() -> int:
+    """Bytes a call's similarity blocks may take at once: the memory budget, at most a block that
+    stays cache-friendly."""
+    return min(memory_budget_bytes(), _SIM_BLOCK_BYTES)
 
 
 @contextlib.contextmanager
@@ -93,26 +136,31 @@ def _exact_fp32_matmul(device: torch.device):
         torch.backends.cuda.matmul.allow_tf32 = True
 
 
-def _reduce(sim, q_valid, d_valid):
-    """Scores and argmax of a block of similarities.
+def _reduce(sim, q_valid, d_valid, with_argmax=True):
+    """Scores and argmax of a block of similarities whose invalid document tokens hold -inf.
 
-    Shapes: ``sim [a, Lq, b, Ld]`` fp32 (overwritten), ``q_valid [a, Lq]``,
-    ``d_valid [a or 1, b, Ld]`` -> scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32.
+    Scores alone take one pass over the block (``amax``); the argmax adds a first-NaN search
+    (checking first whether any NaN won would need a device->host read). The other fix-ups touch
+    only ``[a, Lq, b]`` tensors.
+
+    Shapes: ``sim [a, Lq, b, Ld]`` fp32, ``q_valid [a, Lq]``, ``d_valid [a or 1, b, Ld]`` ->
+    scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32 (None without ``with_argmax``).
     """
     a, lq, b, ld = sim.shape
-    d_valid = d_valid[:, None]  # [a or 1, 1, b, Ld]
-    counts = q_valid[:, :, None] & d_valid.any(-1)  # a token with no valid doc token adds 0
+    d_any = d_valid.any(-1)[:, None]  # [a or 1, 1, b]
+    counts = q_valid[:, :, None] & d_any  # a token with no valid doc token adds 0
     if ld == 0:
-        return sim.new_zeros(a, b), torch.full((a, b, lq), -1, dtype=torch.int32, device=sim.device)
-    sim.masked_fill_(~d_valid, float("-inf"))  # padding never wins, whatever it holds
-    is_nan = sim.isnan()
-    values, index = sim.max(dim=-1)  # ties: the lowest index
+        argmax = torch.full((a, b, lq), -1, dtype=torch.int32, device=sim.device)
+        return sim.new_zeros(a, b), argmax if with_argmax else None
+    if not with_argmax:
+        return torch.where(counts, sim.amax(dim=-1), 0.0).sum(dim=1), None
+    values, index = sim.max(dim=-1)  # NaN wins; ties: the lowest index
     # All valid similarities are -inf: the first valid token is the argmax.
-    index = torch.where(values == float("-inf"), d_valid.view(torch.uint8).argmax(-1), index)
-    # NaN wins, and the first NaN is the argmax (not left to max's unspecified NaN index).
-    has_nan = is_nan.any(-1)
-    index = torch.where(has_nan, is_nan.view(torch.uint8).argmax(-1), index)
-    values = torch.where(has_nan, float("nan"), values)
+    first_valid = d_valid.view(torch.uint8).argmax(-1)[:, None]
+    index = torch.where(values == float("-inf"), first_valid, index)
+    # The first valid NaN is the argmax (not left to max's unspecified NaN index).
+    is_nan = sim.isnan() & d_valid[:, None]
+    index = torch.where(values.isnan(), is_nan.view(torch.uint8).argmax(-1), index)
     values = torch.where(counts, values, 0.0)
     index = torch.where(counts, index, -1)
     return values.sum(dim=1), index.transpose(1, 2).to(torch.int32)
@@ -169,6 +217,8 @@ def fwd(
     with _exact_fp32_matmul(q.device):
         if layout == ALLPAIRS:
             _fwd_allpairs(queries, documents, scores, argmax if with_argmax else None)
+        elif layout == GROUPED and not documents.packed:
+            _fwd_grouped(queries, documents, group, scores, argmax if with_argmax else None)
         else:
             flat_argmax = argmax.view(scores.numel(), max_lq) if with_argmax else None
             _fwd_paired(
@@ -190,45 +240,87 @@ def fwd(
 
 
 def _fwd_allpairs(queries, documents, scores, argmax):
-    """Every query with every document: one GEMM per (query chunk, document chunk)."""
+    """Every query with every document: one GEMM per (query chunk, document chunk), the -inf of
+    invalid document tokens added by the GEMM itself."""
     nq, nd = scores.shape
     lw, dw, h = queries.width, documents.width, queries.x.size(-1)
     per_pair = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES
-    budget = memory_budget_bytes()
-    bq = _fit(budget - dw * h * 8, per_pair + lw * h * 8, nq)  # queries next to one document
-    bd = _fit(budget - bq * lw * h * 8, bq * per_pair + dw * h * 8, nd)
+    budget = _sim_budget()
+    q_copy, d_copy = lw * queries.copy_bytes, dw * documents.copy_bytes
+    bq = _fit(budget - d_copy, per_pair + q_copy, nq)  # queries next to one document
+    bd = _fit(budget - bq * q_copy, bq * per_pair + d_copy, nd)
     keep = lw if argmax is None else min(lw, argmax.size(-1))
-    for j0 in range(0, nd, bd):
-        d_tokens, d_valid = documents.gather(slice(j0, j0 + bd))
+    for ids, dw in documents.blocks(bd):
+        d_tokens, d_valid, d_bias = documents.gather_zeroed(ids, dw)
         b = d_tokens.size(0)
         d_flat = d_tokens.reshape(b * dw, h)
+        d_bias = None if d_bias is None else d_bias.view(1, b * dw)
         for i0 in range(0, nq, bq):
             q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
             a = q_tokens.size(0)
             # One expression, so no similarity block outlives its reduction.
             block_scores, block_argmax = _reduce(
-                (q_tokens.reshape(a * lw, h) @ d_flat.T).view(a, lw, b, dw), q_valid, d_valid[None]
+                _plus_bias(d_bias, torch.addmm, q_tokens.reshape(a * lw, h), d_flat.T).view(
+                    a, lw, b, dw
+                ),
+                q_valid,
+                d_valid[None],
+                argmax is not None,
             )
-            scores[i0 : i0 + a, j0 : j0 + b] = block_scores
+            scores[i0 : i0 + a, ids] = block_scores
             if argmax is not None:
-                argmax[i0 : i0 + a, j0 : j0 + b, :keep] = block_argmax[..., :keep]
+                argmax[i0 : i0 + a, ids, :keep] = block_argmax[..., :keep]
+
+
+def _fwd_grouped(queries, documents, group, scores, argmax):
+    """GROUPED: each query with its own ``group`` documents, one batched GEMM per query chunk."""
+    nq = scores.size(0)
+    lw, dw, h = queries.width, documents.width, queries.x.size(-1)
+    per_doc = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES + dw * documents.copy_bytes
+    per_query = group * per_doc + lw * queries.copy_bytes
+    bq = _fit(_sim_budget(), per_query, nq)
+    keep = lw if argmax is None else min(lw, argmax.size(-1))
+    for i0 in range(0, nq, bq):
+        q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
+        a = q_tokens.size(0)
+        d_tokens, d_valid, d_bias = documents.gather_zeroed(slice(i0 * group, (i0 + a) * group))
+        block_scores, block_argmax = _reduce(
+            _plus_bias(
+                None if d_bias is None else d_bias.view(a, 1, group * dw),
+                torch.baddbmm,
+                q_tokens,
+                d_tokens.view(a, group * dw, h).transpose(1, 2),
+            ).view(a, lw, group, dw),
+            q_valid,
+            d_valid.view(a, group, dw),
+            argmax is not None,
+        )
+        scores[i0 : i0 + a] = block_scores
+        if argmax is not None:
+            argmax[i0 : i0 + a, :, :keep] = block_argmax[..., :keep]
 
 
 def _fwd_paired(queries, documents, layout, group, pair_q, pair_d, scores, argmax, nd):
-    """GROUPED / PAIRS: gather each pair's query and document, one batched matmul per chunk."""
+    """PAIRS: gather each pair's query and document, one batched matmul per chunk."""
     lw, dw, h = queries.width, documents.width, queries.x.size(-1)
     per_pair = lw * dw * _SIM_BYTES + lw * _TOKEN_BYTES + (lw + dw) * h * 8
-    bp = _fit(memory_budget_bytes(), per_pair, scores.numel())
+    bp = _fit(_sim_budget(), per_pair, scores.numel())
     keep = lw if argmax is None else min(lw, argmax.size(-1))
     for p0 in range(0, scores.numel(), bp):
         p1 = min(p0 + bp, scores.numel())
         qi, dj = _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, queries.x.device)
         q_tokens, q_valid = queries.gather(qi)
-        d_tokens, d_valid = documents.gather(dj)
+        d_tokens, d_valid, d_bias = documents.gather_zeroed(dj)
         block_scores, block_argmax = _reduce(
-            torch.bmm(q_tokens, d_tokens.transpose(1, 2)).view(p1 - p0, lw, 1, dw),
+            _plus_bias(
+                None if d_bias is None else d_bias[:, None],
+                torch.baddbmm,
+                q_tokens,
+                d_tokens.transpose(1, 2),
+            ).view(p1 - p0, lw, 1, dw),
             q_valid,
             d_valid[:, None],
+            argmax is not None,
         )
         scores[p0:p1] = block_scores[:, 0]
         if argmax is not None:

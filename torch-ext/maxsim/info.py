@@ -4,11 +4,12 @@ reports."""
 
 import platform
 import sys
+from pathlib import Path
 
 import torch
 
 from . import _ops
-from .dispatch import cuda_ops, metal_ops
+from .dispatch import cpu_ops, cuda_ops, metal_ops
 
 LAYOUTS = {
     "padded candidates": "maxsim(Q, D[Nq,K,Ld,H]), score_candidates_padded",
@@ -67,6 +68,21 @@ def backend_plan(ops, reason):
     return plan
 
 
+def cpu_path():
+    """(backend, why) for CPU tensors: the compiled CPU kernels and their inner loop, or the
+    PyTorch fallback and why the kernels are unavailable."""
+    ops, reason = cpu_ops()
+    if ops is None:
+        return "torch fallback", reason
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if x86 and " avx2" in flags and " fma" in flags:
+        loop = "AVX2 + FMA inner loop"
+    else:
+        loop = "portable inner loop (no AVX2 + FMA on this CPU)"
+    return "cpu", f"{loop}; {reason}"
+
+
 def info(file=sys.stdout):
     """Collect the report as a dict; print it to ``file`` unless ``file`` is None."""
     ops, reason = cuda_ops()
@@ -88,6 +104,7 @@ def info(file=sys.stdout):
         "device": device,
         "extension": f"loaded: {reason}" if ops is not None else f"not loaded: {reason}",
         "namespace": ops.fwd.default.namespace if ops is not None else "maxsim_torch",
+        "CPU tensors": "{}: {}".format(*cpu_path()),
         "backends": backend_plan(ops, reason),
     }
     if file is not None:
@@ -104,7 +121,7 @@ def _print(report, file):
             for line in lines[1:]:
                 print(f"{'':<{width}}  {line}", file=file)
     print(
-        "\nbackend for CUDA tensors, by layout and dtype (CPU / MPS tensors: torch fallback):",
+        "\nbackend for CUDA tensors, by layout and dtype (CPU tensors: above; MPS: torch fallback):",
         file=file,
     )
     for layout, by_dtype in report["backends"].items():

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-DEFAULT_MEMORY_MB = 256
+DEFAULT_MEMORY_MB = 128
 
 
 def debug_enabled() -> bool:
