@@ -182,7 +182,6 @@ def test_ce_targets_out_of_range_give_nan_loss_and_zero_gradient():
     assert torch.allclose(grad[ok] * 6, grad_ok * 3)  # the mean's divisor is the row count
 
 
-
 def test_index_tensors_of_the_wrong_size_are_errors():
     Q, D = values((2, 8, 64), torch.float16, DEVICE), values((3, 10, 64), torch.float16, DEVICE)
     with pytest.raises(RuntimeError, match="lengths must have one entry per segment"):
