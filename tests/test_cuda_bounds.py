@@ -182,6 +182,15 @@ def test_ce_targets_out_of_range_give_nan_loss_and_zero_gradient():
     assert torch.allclose(grad[ok] * 6, grad_ok * 3)  # the mean's divisor is the row count
 
 
-def test_context_survives_every_case_above():
+def test_index_tensors_of_the_wrong_size_are_errors():
+    Q, D = values((2, 8, 64), torch.float16, DEVICE), values((3, 10, 64), torch.float16, DEVICE)
+    with pytest.raises(RuntimeError, match="lengths must have one entry per segment"):
+        fwd(Q, D, d_len=i32([10, 10]))
+    s, arg = fwd(Q, D)
+    with pytest.raises(RuntimeError, match="argmax must be"):
+        ops().bwd(torch.ones_like(s), Q, D, arg[:1], None, None, None, None, ALLPAIRS, 0)
+
+
+def test_context_survives_every_case_above():  # run last in this file
     x = torch.ones(4, device=DEVICE)
     assert (x + 1).sum().item() == 8

@@ -96,12 +96,14 @@ maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptT
     s.seg_stride = x.size(1) * dim;
     s.rows = x.size(0) * x.size(1);
     s.lengths = int_ptr(lengths, "lengths", x);
+    if (s.lengths) TORCH_CHECK(lengths->numel() == s.count, "maxsim: ", name, " lengths must have one entry per segment (", s.count, "), got ", lengths->numel());
     if (s.mask) TORCH_CHECK(mask->numel() == s.rows, "maxsim: ", name, " mask must have N*L entries");
   } else {
     TORCH_CHECK(x.dim() == 2, "maxsim: ", name, " must be 2-D (packed) or 3-D (padded), got ", x.dim(), "-D");
     TORCH_CHECK(offsets.has_value(), "maxsim: ", name, " is packed (2-D) and needs offsets");
     TORCH_CHECK(!lengths.has_value(), "maxsim: ", name, " is packed; lengths must be None");
     s.offsets = int_ptr(offsets, "offsets", x);
+    TORCH_CHECK(offsets->numel() >= 1, "maxsim: ", name, " offsets must have at least one entry");
     s.count = static_cast<int>(offsets->numel() - 1);
     s.rows = x.size(0);
     if (s.mask) TORCH_CHECK(mask->numel() == s.rows, "maxsim: ", name, " mask must have one entry per row");
@@ -394,6 +396,7 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   TORCH_CHECK(argmax.dim() == static_cast<int64_t>(shape.size()) + 1, "maxsim: argmax has the wrong rank");
   p.max_lq = static_cast<int>(argmax.size(-1));
   if (q.dim() == 3) TORCH_CHECK(p.max_lq == q.size(1), "maxsim: argmax width must equal the padded query length");
+  TORCH_CHECK(argmax.numel() == int64_t(p.pairs.num_pairs) * p.max_lq, "maxsim: argmax must be [scores..., max_lq]");
   const Tensor g = grad.to(at::kFloat).contiguous();
   TORCH_CHECK(g.numel() == p.pairs.num_pairs, "maxsim: grad must have one value per score");
   p.grad = g.data_ptr<float>();
