@@ -52,7 +52,7 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
 // length or offsets; a packed query past max_lq) or t is past its rows: that entry adds nothing.
 template <typename T>
 __device__ __forceinline__ const T* query_row(const BwdParams& p, const T* qg, int qi, int t) {
-  const Segment g = segment_of(p.q, qi);
+  const Segment g = pair_segment(p.pairs, p.q, qi);
   return query_ok(p.q, g, p.max_lq) && t < g.rows ? qg + row_elem(p.q, qi, g.first_row, t) : nullptr;
 }
 
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
             int64_t at = -1;
             if (a[u] >= 0) {
               const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o[u]));
-              const Segment gd = segment_of(p.d, j);
+              const Segment gd = pair_segment(p.pairs, p.d, j);
               // An argmax past the document's valid tokens (or a document out of range): none.
               if (a[u] < gd.len) at = row_elem(p.d, j, gd.first_row, a[u]);
             }
@@ -399,7 +399,7 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
         const int a = x < n ? staged[x] : -1;
         const int rr = a + shift;
         // An argmax past the document's valid tokens adds nothing (nor to another document).
-        const bool mine = a >= 0 && a < gd.len && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
+        const bool mine = index_below(a, gd.len) && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
         const unsigned hits = __ballot_sync(0xffffffffu, mine);
         if (mine) my_queue[queued + __popc(hits & ((1u << lane) - 1))] = x;
         queued += __popc(hits);
