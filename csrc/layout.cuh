@@ -1,6 +1,7 @@
 // Device-side views of token sets and pair maps: where a segment starts, how long it is, which
 // rows are valid, and which (query, document) a score belongs to.
 #pragma once
+#include <climits>
 #include "params.h"
 
 namespace maxsim {
@@ -23,8 +24,10 @@ __device__ __forceinline__ Segment segment_at(const TokenSet& s, int n) {
   Segment g;
   if (s.offsets != nullptr) {
     const int begin = s.offsets[n], end = s.offsets[n + 1];
-    // 0 <= begin <= end <= rows in two unsigned compares (a negative value wraps past rows).
-    g.ok = unsigned(begin) <= unsigned(end) && int64_t(unsigned(end)) <= s.rows;
+    // 0 <= begin <= end <= rows in two unsigned compares (a negative value wraps past rows;
+    // the row limit depends on the parameters only, so it is computed off the loads' path).
+    const unsigned row_end = unsigned(s.rows < INT_MAX ? s.rows : INT_MAX);
+    g.ok = unsigned(begin) <= unsigned(end) && unsigned(end) <= row_end;
     g.first_row = g.ok ? begin : 0;
     g.len = g.rows = g.ok ? end - begin : 0;
   } else {
