@@ -52,7 +52,7 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
 // length or offsets; a packed query past max_lq) or t is past its rows: that entry adds nothing.
 template <typename T>
 __device__ __forceinline__ const T* query_row(const BwdParams& p, const T* qg, int qi, int t) {
-  const Segment g = segment_of(p.q, qi);
+  const Segment g = pair_segment(p.pairs, p.q, qi);
   return query_ok(p.q, g, p.max_lq) && t < g.rows ? qg + row_elem(p.q, qi, g.first_row, t) : nullptr;
 }
 
@@ -231,31 +231,34 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
         // of a batch are issued before any is used.
         const int ww = threadIdx.x % kBwdWarps, tt = t_base + ww;
         for (int kk0 = threadIdx.x / kBwdWarps; kk0 < n_pad; kk0 += kStageBatch * kPairsPerPass) {
-          int a[kStageBatch];
+          int a[kStageBatch], len[kStageBatch];
           float g[kStageBatch];
-          int64_t o[kStageBatch];
+          int64_t row0[kStageBatch];  // element offset of the pair's document's row 0
 #pragma unroll
           for (int u = 0; u < kStageBatch; ++u) {
             const int kk = kk0 + u * kPairsPerPass;
             a[u] = -1;
+            len[u] = 0;
+            row0[u] = 0;
             if (kk < n && tt < t_end && q_ok) {
-              o[u] = query_pair_out(p, i, k0 + kk);
-              a[u] = p.argmax[o[u] * p.max_lq + tt];
-              if constexpr (kCe) g[u] = ce_grad(p.ce, ce, k0 + kk, p.ce.scores[o[u]]);
-              else g[u] = p.grad[o[u]];
+              const int64_t o = query_pair_out(p, i, k0 + kk);
+              a[u] = p.argmax[o * p.max_lq + tt];
+              // The document's length is loaded with the argmax (both need only the pair), so
+              // the check below waits for no further load.
+              const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o));
+              const Segment gd = pair_segment(p.pairs, p.d, j);
+              len[u] = gd.len;
+              row0[u] = row_elem(p.d, j, gd.first_row, 0);
+              if constexpr (kCe) g[u] = ce_grad(p.ce, ce, k0 + kk, p.ce.scores[o]);
+              else g[u] = p.grad[o];
             }
           }
 #pragma unroll
           for (int u = 0; u < kStageBatch; ++u) {
             const int kk = kk0 + u * kPairsPerPass;
             if (kk >= n_pad) break;
-            int64_t at = -1;
-            if (a[u] >= 0) {
-              const int j = pair_doc(p.pairs, p.d.count, static_cast<int>(o[u]));
-              const Segment gd = segment_of(p.d, j);
-              // An argmax past the document's valid tokens (or a document out of range): none.
-              if (a[u] < gd.len) at = row_elem(p.d, j, gd.first_row, a[u]);
-            }
+            // An argmax past the document's valid tokens (or a document out of range): none.
+            const int64_t at = index_below(a[u], len[u]) ? row0[u] + int64_t(a[u]) * p.d.row_stride : -1;
             staged_row[kk][ww] = at;
             staged_g[kk][ww] = at >= 0 ? g[u] : 0.f;
           }
@@ -399,7 +402,7 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
         const int a = x < n ? staged[x] : -1;
         const int rr = a + shift;
         // An argmax past the document's valid tokens adds nothing (nor to another document).
-        const bool mine = a >= 0 && a < gd.len && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
+        const bool mine = index_below(a, gd.len) && rr >= 0 && rr < block_rows && rr % kBwdWarps == warp;
         const unsigned hits = __ballot_sync(0xffffffffu, mine);
         if (mine) my_queue[queued + __popc(hits & ((1u << lane) - 1))] = x;
         queued += __popc(hits);

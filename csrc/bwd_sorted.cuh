@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdPara
     const int kk = e / p.max_lq;
     const int64_t o = doc_pair_out(p, j, pr.begin + kk);
     const int a = p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
-    return a < len ? a : -1;
+    return index_below(a, len) ? a : -1;
   };
   // 1. counts per (range, row); integer counts are order-free
   for (int e0 = 0; e0 < entries; e0 += kSortPrefetch * kSortThreads) {

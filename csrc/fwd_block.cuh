@@ -108,7 +108,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
     return TileSpan{max(1, (g.len + BN - 1) / BN), g.len, g.ok};
   }
   __device__ __forceinline__ TileSpan doc_span(int item) const {
-    return span_of(segment_of(p.d, items.doc(item)));
+    return span_of(items.doc_segment(p.d, items.doc(item)));
   }
   // Which query the epilogue's rows belong to.
   __device__ __forceinline__ int query_of_rows() const {

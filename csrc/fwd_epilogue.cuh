@@ -67,30 +67,32 @@ struct Epilogue {
     }
   }
 
-  // Row r's term of its query's sum (0 for padding and rows with no valid column, NaN where the
-  // query or the document is out of range); writes its argmax (-1 for those) when asked.
-  __device__ __forceinline__ float row_term(int item, bool doc_ok, int r, bool in_q, int qi, int t,
-                                            float v, int i) const {
+  // Row r's term of its query's sum (0 for padding and rows with no valid column, NaN for a query
+  // out of range); writes its argmax (-1 for those) when asked. A document out of range has no
+  // valid column (its span is empty), so its argmax is -1 here and write_sum makes its score NaN.
+  __device__ __forceinline__ float row_term(int item, int r, bool in_q, int qi, int t, float v, int i) const {
     const FwdParams& p = b.p;
     const uint8_t flag = b.row_ok[r];
-    const bool valid = flag == kRowValid && doc_ok;
+    const bool valid = flag == kRowValid;
     if constexpr (kArgmax) {
       if (in_q && b.items.writes(qi) && t < p.max_lq) p.argmax[b.items.out(item, qi) * p.max_lq + t] = valid ? i : -1;
     }
-    if (flag == kRowNaN || !doc_ok) return NAN;
     const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-    return valid && found ? v * b.row_scale[r] : 0.f;
+    const float term = valid && found ? v * b.row_scale[r] : 0.f;
+    return flag == kRowNaN ? NAN : term;  // a select, no branch per row
   }
 
-  // A warp's per-lane terms summed (butterfly) and written once for query qi.
-  __device__ __forceinline__ void write_sum(int item, int qi, float s) const {
+  // A warp's per-lane terms summed (butterfly) and written once for query qi: NaN where the
+  // document is out of range (one select per score, not per row).
+  __device__ __forceinline__ void write_sum(int item, int qi, float s, bool doc_ok) const {
     const FwdParams& p = b.p;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (b.lane == 0 && b.items.writes(qi)) {
       const int64_t out = b.items.out(item, qi);
-      if (b.grid.m_tiles > 1) p.partial[int64_t(b.mt) * p.pairs.num_pairs + out] = s;
-      else p.scores[out] = s;
+      const float score = doc_ok ? s : NAN;
+      if (b.grid.m_tiles > 1) p.partial[int64_t(b.mt) * p.pairs.num_pairs + out] = score;
+      else p.scores[out] = score;
     }
   }
 
@@ -109,7 +111,7 @@ struct Epilogue {
         float v;
         int i;
         merged(b.lane, v, i);
-        write_sum(item, qfirst, row_term(item, doc_ok, b.lane, true, qfirst, b.t0 + b.lane, v, i));
+        write_sum(item, qfirst, row_term(item, b.lane, true, qfirst, b.t0 + b.lane, v, i), doc_ok);
       }
       return;
     }
@@ -118,13 +120,13 @@ struct Epilogue {
       int i;
       merged(r, v, i);
       const int ql = r / b.rpq;
-      b.row_val[r] = row_term(item, doc_ok, r, ql < b.grid.qpb, qfirst + ql, b.t0 + r % b.rpq, v, i);
+      b.row_val[r] = row_term(item, r, ql < b.grid.qpb, qfirst + ql, b.t0 + r % b.rpq, v, i);
     }
     __syncthreads();
     for (int ql = b.warp; ql < b.grid.qpb; ql += B::WM * B::WN) {
       float s = 0.f;
       for (int r = ql * b.rpq + b.lane; r < min(BM, (ql + 1) * b.rpq); r += 32) s += b.row_val[r];
-      write_sum(item, qfirst + ql, s);
+      write_sum(item, qfirst + ql, s, doc_ok);
     }
   }
 };

@@ -114,8 +114,8 @@ struct StageLoader {
       const int r = c / b.chunks(), k = c % b.chunks();
       const int ql = r / b.rpq, t = b.t0 + r % b.rpq, qi = qfirst + ql;
       const T* src = nullptr;  // this chunk's 8 elements, or none (zeros)
-      if (ql < b.grid.qpb && qi < b.num_q && k * 8 < b.dim()) {
-        const Segment g = segment_of(p.q, qi);
+      if (ql < b.grid.qpb && index_below(qi, b.num_q) && k * 8 < b.dim()) {
+        const Segment g = segment_at(p.q, qi);
         if (t < g.rows) src = b.qg + row_elem(p.q, qi, g.first_row, t) + k * 8;
       }
       if constexpr ((!kWg || kWgT) && !kCodes) {
@@ -191,7 +191,7 @@ struct StageLoader {
         copy_rows(stage, doc, p_seg.first_row, row0, p_span.cols - row0);
       }
       if (++p_tile == p_span.tiles) {
-        if (++p_item < b.items.end) p_seg = segment_of(p.d, b.items.doc(p_item));
+        if (++p_item < b.items.end) p_seg = b.items.doc_segment(p.d, b.items.doc(p_item));
         p_tile = 0;
       }
     }
@@ -204,9 +204,9 @@ struct StageLoader {
     const FwdParams& p = b.p;
     const int doc0 = b.items.doc(b.items.begin);
     // Only an id in range: its padded rows are the document's own, whatever its length.
-    if (early && doc0 >= 0 && doc0 < p.d.count) copy_rows(0, doc0, 0, 0, p.d.pad_len);
+    if (early && index_below(doc0, p.d.count)) copy_rows(0, doc0, 0, 0, p.d.pad_len);
     p_item = b.items.begin;
-    p_seg = segment_of(p.d, doc0);
+    p_seg = b.items.doc_segment(p.d, doc0);
     p_tile = 0;
     // The first query rows are copied after the first document's segment is looked up (its
     // length load then runs alongside) and before the first stage is requested (same group).

@@ -2,8 +2,9 @@
 // which query they start from, and where each score goes. A block walks `items` (documents of
 // all pairs, a query's group, or explicit pairs) from item_begin to item_end.
 #pragma once
+#include <climits>
 #include <type_traits>
-#include "params.h"
+#include "layout.cuh"
 
 namespace maxsim {
 
@@ -54,13 +55,14 @@ __device__ __forceinline__ auto with_pair_items(Layout layout, F&& f) {
 // and item -> score maps.
 struct BlockItems {
   const PairMap& pm;
-  int num_d, num_q;
+  int num_d;
+  int q_end;       // writes(qi) iff qi < q_end: num_q, or INT_MAX for explicit pairs
   int begin, end;  // items [begin, end)
   int q0;          // first query of the row tile (explicit pairs: the query of the first item)
 
   __device__ __forceinline__ BlockItems(const PairMap& m, int nq, int nd, const FwdGrid& g, int qtile,
                                         int chunk)
-      : pm(m), num_d(nd), num_q(nq) {
+      : pm(m), num_d(nd), q_end(m.layout == kPairs ? INT_MAX : nq) {
     begin = chunk * g.docs_per_block;
     end = min(with_pair_items(m.layout, [&](auto items) { return items.count(m, nd); }),
               begin + g.docs_per_block);
@@ -74,10 +76,12 @@ struct BlockItems {
   __device__ __forceinline__ bool empty() const { return begin >= end; }
   // Whether query qi's rows have a score to write: explicit pairs always (an id out of range is
   // a NaN score), the other layouts for queries of the batch (not a tile's padding).
-  __device__ __forceinline__ bool writes(int qi) const { return pm.layout == kPairs || qi < num_q; }
+  __device__ __forceinline__ bool writes(int qi) const { return qi < q_end; }
   __device__ __forceinline__ int doc(int it) const {
     return with_pair_items(pm.layout, [&](auto items) { return items.doc(pm, q0, it); });
   }
+  // Document n's segment (n = doc(it)): its id checked only for explicit pairs.
+  __device__ __forceinline__ Segment doc_segment(const TokenSet& d, int n) const { return pair_segment(pm, d, n); }
   __device__ __forceinline__ int64_t out(int it, int qi) const {
     return with_pair_items(pm.layout, [&](auto items) { return items.out(pm, num_d, it, qi); });
   }

@@ -1,6 +1,7 @@
 // Device-side views of token sets and pair maps: where a segment starts, how long it is, which
 // rows are valid, and which (query, document) a score belongs to.
 #pragma once
+#include <climits>
 #include "params.h"
 
 namespace maxsim {
@@ -12,26 +13,45 @@ struct Segment {
   bool ok;            // its id, offsets and length were in range (else empty: its scores are NaN)
 };
 
-// Segment n of a token set, checked against the set's extents: n outside [0, count), offsets
-// outside [0, rows] or decreasing, or a length outside [0, pad_len] give an empty segment with
-// ok == false, so nothing of it is read. A few compares per segment, no host sync.
-__device__ __forceinline__ Segment segment_of(const TokenSet& s, int n) {
-  Segment g{0, 0, 0, false};
-  if (n < 0 || n >= s.count) return g;
+// Whether 0 <= v < n (n >= 0): one unsigned compare, a negative v wraps past n.
+__device__ __forceinline__ bool index_below(int v, int n) { return unsigned(v) < unsigned(n); }
+
+// Segment n of a token set for an id already in [0, count) (computed from the grid, or checked):
+// offsets outside [0, rows] or decreasing, or a length outside [0, pad_len] give an empty segment
+// with ok == false, so nothing of it is read. Selects, no branch: the loads it feeds wait only
+// for its offsets or length.
+__device__ __forceinline__ Segment segment_at(const TokenSet& s, int n) {
+  Segment g;
   if (s.offsets != nullptr) {
     const int begin = s.offsets[n], end = s.offsets[n + 1];
-    if (begin < 0 || begin > end || end > s.rows) return g;
-    g.first_row = begin;
-    g.len = g.rows = end - begin;
-    g.ok = true;
+    // 0 <= begin <= end <= rows in two unsigned compares (a negative value wraps past rows;
+    // the row limit depends on the parameters only, so it is computed off the loads' path).
+    const unsigned row_end = unsigned(s.rows < INT_MAX ? s.rows : INT_MAX);
+    g.ok = unsigned(begin) <= unsigned(end) && unsigned(end) <= row_end;
+    g.first_row = g.ok ? begin : 0;
+    g.len = g.rows = g.ok ? end - begin : 0;
   } else {
     const int len = s.lengths != nullptr ? s.lengths[n] : s.pad_len;
     g.first_row = static_cast<int64_t>(n) * s.pad_len;
-    g.ok = len >= 0 && len <= s.pad_len;
+    g.ok = unsigned(len) <= unsigned(s.pad_len);
     g.len = g.ok ? len : 0;
     g.rows = s.pad_len;
   }
   return g;
+}
+
+// Segment n for an id that may be out of range (explicit pairs, argmax entries): n outside
+// [0, count) gives an empty segment with ok == false too. No host sync.
+__device__ __forceinline__ Segment segment_of(const TokenSet& s, int n) {
+  if (!index_below(n, s.count)) return Segment{0, 0, 0, false};
+  return segment_at(s, n);
+}
+
+// Segment of a pair's query or document id (pair_query / pair_doc): checked only for explicit
+// pairs, the grid layouts' ids are in range by construction (the host checks that documents ==
+// queries * group for grouped pairs).
+__device__ __forceinline__ Segment pair_segment(const PairMap& m, const TokenSet& s, int n) {
+  return m.layout == kPairs ? segment_of(s, n) : segment_at(s, n);
 }
 
 // Whether a query segment is scored: a packed query longer than the max_lq hint is NaN, never
