@@ -96,7 +96,9 @@ maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptT
     s.seg_stride = x.size(1) * dim;
     s.rows = x.size(0) * x.size(1);
     s.lengths = int_ptr(lengths, "lengths", x);
-    if (s.lengths) TORCH_CHECK(lengths->numel() == s.count, "maxsim: ", name, " lengths must have one entry per segment (", s.count, "), got ", lengths->numel());
+    // Numbers as strings: the message never goes through an ostream's numeric facet, which has
+    // crashed inside a JIT-built extension whose libstdc++ differed from the process's.
+    if (s.lengths) TORCH_CHECK(lengths->numel() == s.count, "maxsim: ", name, " lengths must have one entry per segment (", std::to_string(s.count), "), got ", std::to_string(lengths->numel()));
     if (s.mask) TORCH_CHECK(mask->numel() == s.rows, "maxsim: ", name, " mask must have N*L entries");
   } else {
     TORCH_CHECK(x.dim() == 2, "maxsim: ", name, " must be 2-D (packed) or 3-D (padded), got ", x.dim(), "-D");
@@ -137,7 +139,7 @@ maxsim::PairMap pair_map(int64_t layout, int64_t group, const maxsim::TokenSet& 
       n = pair_q->numel();
       shape = {n};
       break;
-    default: TORCH_CHECK(false, "maxsim: unknown layout ", layout);
+    default: TORCH_CHECK(false, "maxsim: unknown layout ", std::to_string(layout));
   }
   TORCH_CHECK(n < (int64_t(1) << 31), "maxsim: too many scores for one call (", n, ")");
   m.num_pairs = static_cast<int>(n);
