@@ -8,7 +8,8 @@ import fuzz_corpus
 import maxsim
 import pytest
 import torch
-from maxsim import validation
+from maxsim import fallback, validation
+from maxsim.layouts import ALLPAIRS
 
 CASES = fuzz_corpus.corpus(seed=0, variants=2)
 BY_ENTRY = collections.defaultdict(list)
@@ -141,3 +142,31 @@ def test_unchecked_targets_give_a_nan_loss(monkeypatch):
         assert maxsim.contrastive_loss(Q, D, targets=targets).isnan()
         assert maxsim.contrastive_step(Q, D, targets=targets)[0].isnan()
     assert maxsim.contrastive_loss(Q, D, targets=torch.tensor([3, 0])).isfinite()
+
+
+def test_unchecked_targets_send_no_gradient_from_their_row(backend_device):
+    backend, device = backend_device
+    ops = maxsim.select_ops(torch.device(device), backend)
+    scores = torch.randn(3, 5, device=device)
+    targets = torch.tensor([1, 5, -2], device=device)
+    loss, grad = ops.ce(scores, targets, 2.0)
+    assert loss.isnan() and (grad[1:] == 0).all()
+    expected = torch.softmax(2.0 * scores[0].double(), 0) - torch.eye(5, device=device)[1]
+    torch.testing.assert_close(grad[0].double(), expected * 2.0 / 3)
+
+
+def test_backward_adds_the_gradients_of_segments_sharing_rows(backend_device):
+    """Decreasing offsets leave in-range segments overlapping ([0, 4) and [2, 5) here, the middle
+    one out of range): the rows they share get both segments' gradients, as in the fallback."""
+    backend, device = backend_device
+    ops = maxsim.select_ops(torch.device(device), backend)
+    q, q_offsets = torch.randn(5, 8, device=device), torch.tensor([0, 2, 5], dtype=torch.int32)
+    d, d_offsets = torch.randn(5, 8, device=device), torch.tensor([0, 4, 2, 5], dtype=torch.int32)
+    argmax = torch.stack([torch.randint(0, 4, (2, 3)), torch.full((2, 3), -1),
+                          torch.randint(0, 3, (2, 3))], dim=1).int()
+    argmax[0, :, 2] = -1  # query 0 has 2 tokens
+    grad = torch.randn(2, 3, device=device)
+    args = (grad, q, d, argmax.to(device), q_offsets.to(device), d_offsets.to(device), None, None,
+            ALLPAIRS, 0)
+    for got, want in zip(ops.bwd(*args), fallback.bwd(*args)):
+        torch.testing.assert_close(got, want)

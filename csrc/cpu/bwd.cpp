@@ -79,9 +79,14 @@ void grad_side(const BwdCall& c, bool query_side, at::Tensor& out) {
   const Segments& other = query_side ? *c.d : *c.q;
   const int64_t h = own.h;
   const auto make_scratch = [&] { return std::vector<float>(h); };
-  for_each_grab(own.count, make_scratch, [&](int64_t n0, int64_t n1, std::vector<float>& tmp) {
+  // Offsets that decrease somewhere can leave two in-range segments sharing rows: their
+  // gradients then add up, one segment at a time.
+  const bool shared_rows = own.offsets_decrease();
+  const auto segments = [&](int64_t n0, int64_t n1, std::vector<float>& tmp) {
     std::vector<float> acc;
     for (int64_t n = n0; n < n1; ++n) {
+      // Out of range: its pairs have no argmax, and its clamped rows may be another segment's.
+      if (own.out_of_range(n, query_side && own.packed ? c.width : -1)) continue;
       const int64_t len = query_side ? std::min(own.length(n), c.width) : own.length(n);
       acc.assign(len * h, 0.f);
       for_pairs_of(c, query_side, n, [&](int64_t p, int64_t m) {
@@ -96,9 +101,14 @@ void grad_side(const BwdCall& c, bool query_side, at::Tensor& out) {
         }
       });
       const at::Tensor block = at::from_blob(acc.data(), {len, h}, at::kFloat);
-      out.view({-1, h}).narrow(0, own.begin(n), len).copy_(block);
+      at::Tensor rows = out.view({-1, h}).narrow(0, own.begin(n), len);
+      if (shared_rows) rows.add_(block);
+      else rows.copy_(block);
     }
-  });
+  };
+  if (!shared_rows) return for_each_grab(own.count, make_scratch, segments);
+  std::vector<float> tmp = make_scratch();
+  segments(0, own.count, tmp);
 }
 
 }  // namespace
@@ -147,10 +157,17 @@ std::tuple<Tensor, Tensor> ce(const Tensor& scores_in, const OptTensor& targets,
   const Tensor t = targets.has_value() ? targets->to(at::kLong)
                                        : at::arange(rows, logits.options().dtype(at::kLong));
   TORCH_CHECK(t.numel() == rows, "maxsim: ce targets must be [rows]");
+  // Unchecked targets outside [0, cols): the loss NaN, the row's gradient 0, nothing read.
+  const int64_t cols = logits.size(1);
+  const Tensor outside = (t < 0).logical_or(t >= cols).view({rows, 1});
+  if (cols == 0) return {at::full({}, NAN, logits.options()), at::zeros_like(logits)};
+  const Tensor tc = t.clamp(0, cols - 1).view({rows, 1});
   const Tensor logp = at::log_softmax(logits, 1);
-  const Tensor loss = -logp.gather(1, t.view({rows, 1})).mean();
-  const Tensor g = logp.exp() - at::one_hot(t, logits.size(1)).to(at::kFloat);
-  return {loss, g * (scale / rows)};
+  Tensor loss = -logp.gather(1, tc).mean();
+  loss = at::where(outside.any(), at::full({}, NAN, loss.options()), loss);
+  Tensor g = logp.exp();
+  g.scatter_add_(1, tc, at::full({rows, 1}, -1.f, g.options()));
+  return {loss, g.masked_fill_(outside, 0.f) * (scale / rows)};
 }
 
 std::tuple<Tensor, Tensor, Tensor> contrastive_step(

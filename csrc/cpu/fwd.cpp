@@ -204,6 +204,45 @@ void fwd_paired(FwdCall& call, int64_t pairs, int64_t layout, int64_t group, con
   });
 }
 
+// Scores every slot of the call's layout.
+void score_all(FwdCall& call, int64_t slots, int64_t layout, int64_t group, const int* pair_q,
+               const int* pair_d) {
+  const Segments& qs = *call.q;
+  if (layout == kAllPairs) {
+    // Queries are packed a slab at a time so that the packed copy stays within half the budget.
+    const int64_t per_query = (call.max_lq + kLanes) * std::max<int64_t>(qs.h, 1) * 4;
+    const int64_t slab = std::max<int64_t>(1, memory_budget_bytes() / 2 / per_query);
+    for (int64_t q0 = 0; q0 < qs.count; q0 += slab) {
+      const int64_t q1 = std::min(qs.count, q0 + slab);
+      const QueryPack pack = pack_queries(qs, q0, q1, call.max_lq);
+      call.pack = &pack;
+      fwd_allpairs(call, q0, q1, call.d->count);
+    }
+    return;
+  }
+  const QueryPack pack = pack_queries(qs, 0, qs.count, call.max_lq);
+  call.pack = &pack;
+  fwd_paired(call, slots, layout, group, pair_q, pair_d);
+}
+
+// Marks the scores that unchecked index values leave unscorable (docs/ARCHITECTURE.md, "Index
+// values the kernels check themselves"): NaN, argmax -1. A few compares per segment and pair.
+void mark_out_of_range(const Segments& q, const Segments& d, int64_t layout, int64_t group,
+                       const int* pair_q, const int* pair_d, int64_t max_lq, float* scores,
+                       int* argmax, int64_t slots) {
+  std::vector<char> q_bad(q.count), d_bad(d.count);
+  bool any = layout == kPairs;
+  for (int64_t n = 0; n < q.count; ++n) any |= q_bad[n] = q.out_of_range(n, q.packed ? max_lq : -1);
+  for (int64_t n = 0; n < d.count; ++n) any |= d_bad[n] = d.out_of_range(n);
+  for (int64_t p = 0; any && p < slots; ++p) {
+    const int64_t qi = layout == kAllPairs ? p / d.count : layout == kGrouped ? p / group : pair_q[p];
+    const int64_t di = layout == kAllPairs ? p % d.count : layout == kGrouped ? p : pair_d[p];
+    if (qi >= 0 && qi < q.count && di >= 0 && di < d.count && !q_bad[qi] && !d_bad[di]) continue;
+    scores[p] = std::numeric_limits<float>::quiet_NaN();
+    if (argmax) std::fill_n(argmax + p * max_lq, max_lq, -1);
+  }
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const OptTensor& q_offsets,
@@ -225,27 +264,16 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
   ashape.push_back(max_lq);
   Tensor argmax = with_argmax ? at::full(ashape, -1, q.options().dtype(at::kInt))
                               : at::empty({0}, q.options().dtype(at::kInt));
-  if (scores.numel() == 0 || max_lq == 0) return {scores, argmax};
-
-  FwdCall call{&qs, &ds, nullptr, max_lq, scores.data_ptr<float>(),
-               with_argmax ? argmax.data_ptr<int>() : nullptr,
-               std::clamp<int64_t>(65536 / std::max<int64_t>(qs.h, 1), 16, 1024)};
-  if (layout == kAllPairs) {
-    // Queries are packed a slab at a time so that the packed copy stays within half the budget.
-    const int64_t per_query = (max_lq + kLanes) * std::max<int64_t>(qs.h, 1) * 4;
-    const int64_t slab = std::max<int64_t>(1, memory_budget_bytes() / 2 / per_query);
-    for (int64_t q0 = 0; q0 < qs.count; q0 += slab) {
-      const int64_t q1 = std::min(qs.count, q0 + slab);
-      const QueryPack pack = pack_queries(qs, q0, q1, max_lq);
-      call.pack = &pack;
-      fwd_allpairs(call, q0, q1, ds.count);
-    }
-  } else {
-    const QueryPack pack = pack_queries(qs, 0, qs.count, max_lq);
-    call.pack = &pack;
-    fwd_paired(call, scores.numel(), layout, group,
-               pair_q ? pair_q->data_ptr<int>() : nullptr, pair_d ? pair_d->data_ptr<int>() : nullptr);
+  const int* pq = pair_q ? pair_q->data_ptr<int>() : nullptr;
+  const int* pd = pair_d ? pair_d->data_ptr<int>() : nullptr;
+  int* am = with_argmax && argmax.numel() > 0 ? argmax.data_ptr<int>() : nullptr;
+  if (scores.numel() > 0 && max_lq > 0) {
+    FwdCall call{&qs, &ds, nullptr, max_lq, scores.data_ptr<float>(), am,
+                 std::clamp<int64_t>(65536 / std::max<int64_t>(qs.h, 1), 16, 1024)};
+    score_all(call, scores.numel(), layout, group, pq, pd);
   }
+  mark_out_of_range(qs, ds, layout, group, pq, pd, max_lq, scores.data_ptr<float>(), am,
+                    scores.numel());
   return {scores, argmax};
 }
 

@@ -114,6 +114,20 @@ struct Segments {
     if (packed) return std::clamp<int64_t>(offsets[n + 1], begin(n), rows) - begin(n);
     return lengths ? std::clamp<int64_t>(lengths[n], 0, pad_len) : pad_len;
   }
+  // Whether segment n's index values are out of range (docs/ARCHITECTURE.md, "Index values the
+  // kernels check themselves"): a padded length outside [0, pad_len], packed offsets outside
+  // [0, rows] or decreasing, or (width >= 0, packed queries) more tokens than `width`.
+  bool out_of_range(int64_t n, int64_t width = -1) const {
+    if (!packed) return lengths && (lengths[n] < 0 || lengths[n] > pad_len);
+    const int64_t b = offsets[n], e = offsets[n + 1];
+    return b < 0 || e > rows || e < b || (width >= 0 && e - b > width);
+  }
+  // Whether packed offsets decrease somewhere (only then can two segments share rows).
+  bool offsets_decrease() const {
+    for (int64_t n = 0; packed && n < count; ++n)
+      if (offsets[n + 1] < offsets[n]) return true;
+    return false;
+  }
   bool valid(int64_t n, int64_t t) const { return mask == nullptr || mask[begin(n) + t]; }
   const char* row(int64_t r) const { return data + r * h * elem; }
   void row_fp32(int64_t n, int64_t t, float* out) const { to_fp32(row(begin(n) + t), dtype, h, out); }

@@ -136,7 +136,7 @@ def _exact_fp32_matmul(device: torch.device):
         torch.backends.cuda.matmul.allow_tf32 = True
 
 
-def _reduce(sim, q_valid, d_valid, with_argmax=True):
+def _reduce(sim, q_valid, d_valid, with_argmax=True, masked=False):
     """Scores and argmax of a block of similarities whose invalid document tokens hold -inf.
 
     Scores alone take one pass over the block (``amax``); the argmax adds a first-NaN search
@@ -147,6 +147,8 @@ def _reduce(sim, q_valid, d_valid, with_argmax=True):
     scores ``[a, b]`` fp32, argmax ``[a, b, Lq]`` int32 (None without ``with_argmax``).
     """
     a, lq, b, ld = sim.shape
+    if masked:  # an inf query value times a zeroed invalid token is NaN, not -inf: reset it
+        sim.masked_fill_(~d_valid[:, None], float("-inf"))
     d_any = d_valid.any(-1)[:, None]  # [a or 1, 1, b]
     counts = q_valid[:, :, None] & d_any  # a token with no valid doc token adds 0
     if ld == 0:
@@ -266,6 +268,7 @@ def _fwd_allpairs(queries, documents, scores, argmax):
                 q_valid,
                 d_valid[None],
                 argmax is not None,
+                d_bias is not None,
             )
             scores[i0 : i0 + a, ids] = block_scores
             if argmax is not None:
@@ -294,6 +297,7 @@ def _fwd_grouped(queries, documents, group, scores, argmax):
             q_valid,
             d_valid.view(a, group, dw),
             argmax is not None,
+            d_bias is not None,
         )
         scores[i0 : i0 + a] = block_scores
         if argmax is not None:
@@ -321,6 +325,7 @@ def _fwd_paired(queries, documents, layout, group, pair_q, pair_d, scores, argma
             q_valid,
             d_valid[:, None],
             argmax is not None,
+            d_bias is not None,
         )
         scores[p0:p1] = block_scores[:, 0]
         if argmax is not None:
@@ -417,14 +422,14 @@ def ce(scores, targets, scale):
     if rows == 0:
         return logits.new_full((), float("nan")), torch.empty_like(logits)
     t = torch.arange(rows, device=logits.device) if targets is None else targets.long()
-    outside = (t < 0) | (t >= logits.size(1))  # unchecked targets: a NaN loss, nothing read
+    outside = (t < 0) | (t >= logits.size(1))  # unchecked targets: a NaN loss, row gradient 0
     t = t.clamp(0, max(logits.size(1) - 1, 0))
     logp = torch.log_softmax(logits, dim=1)
     loss = -logp.gather(1, t[:, None]).mean()
     grad = logp.exp()
     grad[torch.arange(rows, device=logits.device), t] -= 1.0
     loss = torch.where(outside.any(), float("nan"), loss)
-    return loss, grad.masked_fill_(outside[:, None], float("nan")) * (scale / rows)
+    return loss, grad.masked_fill_(outside[:, None], 0.0) * (scale / rows)
 
 
 def contrastive_step(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, layout,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from . import fallback
+from . import bounds, fallback
 from .layouts import scores_shape, segment_count
 from .registry import (
     BWD_SCHEMA,
@@ -133,6 +133,15 @@ def launch_fwd(lib, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_
         h, q.shape[:-1].numel(), d.shape[:-1].numel(), nq, nd, max_lq, int(with_argmax),
         threads=pairs * SIMD_WIDTH, group_size=SIMD_WIDTH,
     )
+    # Unchecked lengths / offsets, and packed queries longer than max_lq: NaN, argmax -1.
+    bad = bounds.invalid_pairs(
+        scores, layout, pair_q, pair_d, bounds.invalid_segments(q, q_offsets, q_lengths, max_lq),
+        bounds.invalid_segments(d, d_offsets, d_lengths), nq, nd,
+    )
+    if bad is not None:
+        scores.masked_fill_(bad, float("nan"))
+        if with_argmax:
+            argmax.masked_fill_(bad[..., None], -1)
     return scores, argmax
 
 
