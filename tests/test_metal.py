@@ -224,9 +224,13 @@ def harness_ops(runner):
     """The op set as maxsim.metal.define_ops registers it for MPS, here for CPU tensors on the
     harness (permuted lanes, shuffled threads)."""
     lib = HarnessLibrary(runner, lane_layout=1, schedule=2)
-    library = metal.define_ops("maxsim_metal_harness", lambda: lib, "CPU")
-    yield torch.ops.maxsim_metal_harness
-    del library
+    # Kept for the whole process: the fake kernels and autograd registered with the ops outlive
+    # a deleted Library, and torch.compile's later imports trip over the orphans.
+    _LIBRARIES.append(metal.define_ops("maxsim_metal_harness", lambda: lib, "CPU"))
+    return torch.ops.maxsim_metal_harness
+
+
+_LIBRARIES = []
 
 
 def test_registered_ops_run_autograd_through_the_kernels(harness_ops):
