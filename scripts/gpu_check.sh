@@ -96,9 +96,14 @@ for stage in "${stages[@]}"; do
         --fuzz 2>&1 | grep -E "MISMATCH|CONTEXT|fuzz:|Invalid|Program hit|ERROR SUMMARY|done" \
         | tail -n 40 | tee -a "$OUT/sanitize.log"
       ran "compute-sanitizer --tool memcheck"
-      compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_cases.py \
-        2>&1 | tail -n 4 | tee -a "$OUT/sanitize.log"
-      ran "compute-sanitizer --tool racecheck" ;;
+      # racecheck reports the TMA stages' mbarrier handshake (which it does not model) as
+      # warnings: the stage fails on errors, read from its summary line
+      compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py 2>&1 | tail -n 4 \
+        | tee "$OUT/racecheck.log"
+      ran "compute-sanitizer --tool racecheck"
+      cat "$OUT/racecheck.log" >> "$OUT/sanitize.log"
+      grep -q "RACECHECK SUMMARY: .*(0 errors" "$OUT/racecheck.log"
+      ran "racecheck errors (0 expected)" ;;
     fuzz)
       # the fuzz corpus without the tools: bad values give NaN, then with MAXSIM_DEBUG=1 errors
       python3 scripts/sanitize_cases.py --only-fuzz 2>&1 | tail -n 30 | tee "$OUT/fuzz.log"

@@ -13,19 +13,21 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def _stub(bin_dir: Path, name: str, fail_when: str):
-    """A command that prints a line and exits 1 when its arguments contain ``fail_when``."""
+def _stub(bin_dir: Path, name: str, fail_when: str, says: str = ""):
+    """A command that prints a line (and ``says``) and exits 1 when its arguments contain
+    ``fail_when``."""
     path = bin_dir / name
-    path.write_text(f'#!/bin/sh\necho "{name} $*"\ncase "$*" in *{fail_when}*) exit 1;; esac\n'
-                    "exit 0\n")
+    path.write_text(f'#!/bin/sh\necho "{name} $*"\necho "{says}"\n'
+                    f'case "$*" in *{fail_when}*) exit 1;; esac\nexit 0\n')
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def _run(tmp_path, stages, fail_when):
+def _run(tmp_path, stages, fail_when, race_errors=0):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     _stub(bin_dir, "python3", fail_when)
-    _stub(bin_dir, "compute-sanitizer", fail_when)
+    _stub(bin_dir, "compute-sanitizer", fail_when, "========= RACECHECK SUMMARY: 2 hazards "
+          f"displayed ({race_errors} errors, {2 - race_errors} warnings)")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "OUT": str(tmp_path / "out")}
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *stages], env=env,
@@ -50,3 +52,9 @@ def test_a_failing_stage_fails_the_run(tmp_path, stages, fail_when):
 def test_passing_stages_pass(tmp_path):
     run = _run(tmp_path, ["check", "test", "integ", "bench", "sanitize"], "no-such-argument")
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_racecheck_fails_on_errors_not_on_warnings(tmp_path):
+    assert _run(tmp_path, ["sanitize"], "no-such-argument", race_errors=0).returncode == 0
+    run = _run(tmp_path, ["sanitize"], "no-such-argument", race_errors=1)
+    assert run.returncode == 1 and "racecheck errors" in run.stdout
