@@ -261,16 +261,20 @@ def load_cuda_ops():
     """Return ``(ops, reason)``: the extension's ``torch.ops`` namespace (with ``fwd`` and ``bwd``)
     and a sentence saying where it came from, or ``None`` and a sentence saying why it is
     unavailable. Cached; never raises."""
+    return _load_once(_load, "CUDA")
+
+
+def _load_once(load, what):
     with _lock:
-        return _load_cached()
+        return _load_cached(load, what)
 
 
 @functools.cache
-def _load_cached():
+def _load_cached(load, what):
     try:
-        return _load()
+        return load()
     except Exception as exc:  # a broken build must degrade to the fallback, not break import
-        return None, f"loading the CUDA extension failed: {type(exc).__name__}: {exc}"
+        return None, f"loading the {what} extension failed: {type(exc).__name__}: {exc}"
 
 
 def _load():
@@ -384,16 +388,7 @@ def _load_jit(torch, root):
 def load_cpu_ops():
     """Return ``(ops, reason)`` for the CPU-only extension: built once with the C++ compiler and
     ninja (cached on disk), or None and why not. Cached; never raises."""
-    with _lock:
-        return _load_cpu_cached()
-
-
-@functools.cache
-def _load_cpu_cached():
-    try:
-        return _load_cpu()
-    except Exception as exc:  # a broken build must degrade to the fallback, not break import
-        return None, f"loading the CPU extension failed: {type(exc).__name__}: {exc}"
+    return _load_once(_load_cpu, "CPU")
 
 
 def _load_cpu():
