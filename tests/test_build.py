@@ -50,6 +50,7 @@ def test_variant_name_follows_the_kernels_rules():
     assert re.fullmatch(r"torch\d\d+-cxx(11|98)-cu\d\d+-[a-z0-9_]+-[a-z]+", expected)
 
 
+@pytest.mark.kernels_hub
 def test_variant_name_parses_with_kernels():
     variants = import_or_skip("kernels.variants")
     variant = variants.parse_variant(build_variant.variant_name(torch_like("13.0")))
@@ -74,6 +75,7 @@ def test_metadata_has_the_fields_kernels_requires():
     }
 
 
+@pytest.mark.kernels_hub
 def test_layout_of_a_variant(tmp_path):
     fake_so = tmp_path / "fake.so"
     fake_so.write_bytes(b"")
