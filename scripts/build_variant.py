@@ -213,9 +213,10 @@ def compile_here(name, archs, build_dir):
 def lay_out(variant_dir, name, archs, so_path):
     if variant_dir.exists():
         shutil.rmtree(variant_dir)
-    for src in sorted(PACKAGE.rglob("*.py*")):
+    for src in sorted(PACKAGE.rglob("*")):
         rel = src.relative_to(PACKAGE)
-        if "__pycache__" in rel.parts or src.suffix not in (".py", ".pyi"):
+        # schemas.h: the op schemas, which maxsim/schemas.py reads at import
+        if "__pycache__" in rel.parts or src.suffix not in (".py", ".pyi", ".h"):
             continue
         if rel.as_posix() in ("_ops.py", "_build_info.py"):
             continue

@@ -85,6 +85,7 @@ def test_layout_of_a_variant(tmp_path):
 
     assert (variant / f"{name}.abi3.so").is_file()
     assert (variant / "maxsim" / "__init__.py").is_file()
+    assert (variant / "schemas.h").is_file()  # read by schemas.py at import
     assert not (variant / "_build_info.py").exists()
     init = (variant / "__init__.py").read_text()
     original = (ROOT / "torch-ext" / "maxsim" / "__init__.py").read_text()
@@ -130,6 +131,7 @@ def test_build_toml_matches_the_sources_and_archs():
     binding = sorted(
         ["torch-ext/torch_binding.cpp", "torch-ext/torch_binding_cpu.cpp"]
         + [p.relative_to(ROOT).as_posix() for p in (ROOT / "torch-ext").glob("*.h")]
+        + [p.relative_to(ROOT).as_posix() for p in (ROOT / "torch-ext/maxsim").glob("*.h")]
     )
     assert sorted(BUILD_TOML["torch"]["src"]) == binding
     assert kernel["cuda-capabilities"] == _ops.kernels_archs(_ops.parse_archs(_ops.DEFAULT_ARCHS))

@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import op_args, ops_for, token_set, values
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
+from maxsim.schemas import SCHEMAS, FwdArgs
 
 CASES = {
     "allpairs-padded": ("padded", "padded", ALLPAIRS),
@@ -13,6 +14,18 @@ CASES = {
     "pairs-packed": ("packed", "packed", PAIRS),
     "allpairs-packed-padded": ("packed", "padded", ALLPAIRS),
 }
+
+
+@pytest.mark.parametrize("op", sorted(SCHEMAS))
+def test_ops_define_the_schemas_of_the_header(backend_device, op):
+    """Every namespace, the C++ extension's included, defines its ops from maxsim/schemas.h."""
+    ops = ops_for(backend_device)
+    if not hasattr(ops, op):
+        pytest.skip(f"{op}: not defined on this namespace (the CUDA extension's only)")
+    schema = getattr(ops, op).default._schema
+    assert str(schema).split("::", 1)[1] == SCHEMAS[op]
+    if op == "fwd":
+        assert FwdArgs._fields == tuple(argument.name for argument in schema.arguments)
 
 
 def sample(case, device, dtype=torch.float16, with_argmax=True):

@@ -37,6 +37,7 @@ REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 #include <tuple>
 
 #include "cpu/ops.h"
+#include "maxsim/schemas.h"
 #include "registration.h"
 #if !defined(CPU_KERNEL)
 #include "launch.h"
@@ -581,23 +582,11 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step_autograd(
 }  // namespace
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, m) {
-  m.def(
-      "fwd(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
-      "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, Tensor? pair_q, Tensor? pair_d, "
-      "int layout, int group, int max_lq, bool with_argmax, bool tf32) -> (Tensor, Tensor)");
-  m.def(
-      "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
-      "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor, Tensor)");
-  m.def(
-      "fwd_scaled(Tensor q, Tensor? q_scale, Tensor d, Tensor? d_scale, Tensor? q_offsets, "
-      "Tensor? q_lengths, Tensor? q_mask, Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, "
-      "Tensor? pair_q, Tensor? pair_d, int layout, int group, int max_lq, bool with_argmax) "
-      "-> (Tensor, Tensor)");
-  m.def("ce(Tensor scores, Tensor? targets, float scale) -> (Tensor, Tensor)");
-  m.def(
-      "contrastive_step(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
-      "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, int layout, int group, int max_lq, "
-      "Tensor? targets, float scale) -> (Tensor, Tensor, Tensor)");
+  m.def(maxsim::schema::kFwd);
+  m.def(maxsim::schema::kBwd);
+  m.def(maxsim::schema::kFwdScaled);
+  m.def(maxsim::schema::kCe);
+  m.def(maxsim::schema::kContrastiveStep);
 }
 
 #if !defined(CPU_KERNEL)

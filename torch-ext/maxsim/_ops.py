@@ -47,6 +47,7 @@ _SOURCE_GLOBS = (
     "torch-ext/torch_binding.cpp",
     "torch-ext/torch_binding_cpu.cpp",
     "torch-ext/*.h",
+    "torch-ext/maxsim/schemas.h",
 )
 
 # The CPU-only extension: the CPU kernels, the op schemas and autograd (torch_binding.cpp without
@@ -62,6 +63,7 @@ _CPU_SOURCE_GLOBS = (
     "torch-ext/torch_binding.cpp",
     "torch-ext/torch_binding_cpu.cpp",
     "torch-ext/*.h",
+    "torch-ext/maxsim/schemas.h",
 )
 
 

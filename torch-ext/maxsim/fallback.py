@@ -20,6 +20,7 @@ import torch
 
 from . import bounds
 from .layouts import ALLPAIRS, GROUPED, scores_shape, segment_count
+from .schemas import FwdArgs
 from .settings import memory_budget_bytes
 
 # Bytes per element of a similarity block: the fp32 block, plus a NaN map on the argmax path.
@@ -178,56 +179,43 @@ def _pair_ids(layout, group, pair_q, pair_d, nd, p0, p1, device):
     return pair_q[p0:p1].long(), pair_d[p0:p1].long()
 
 
-def fwd(
-    q,
-    d,
-    q_offsets,
-    q_lengths,
-    q_mask,
-    d_offsets,
-    d_lengths,
-    d_mask,
-    pair_q,
-    pair_d,
-    layout,
-    group,
-    max_lq,
-    with_argmax,
-    tf32,
-):
-    """The ``fwd`` op (schema: docs/ARCHITECTURE.md).
+def fwd(*args):
+    """The ``fwd`` op, its arguments as in ``FwdArgs`` (schema: docs/ARCHITECTURE.md).
 
     Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
     ``scores.shape + [max_lq]`` when ``with_argmax``, else ``[0]``.
     """
-    shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
+    a = FwdArgs(*args)
+    q, d, layout, max_lq, with_argmax = a.q, a.d, a.layout, a.max_lq, a.with_argmax
+    shape = scores_shape(q, d, a.q_offsets, a.d_offsets, a.pair_q, layout, a.group)
     scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
     if with_argmax:
         argmax = torch.full((*shape, max_lq), -1, dtype=torch.int32, device=q.device)
     else:
         argmax = torch.empty(0, dtype=torch.int32, device=q.device)
-    queries = _Segments(q, q_offsets, q_lengths, q_mask, width=max_lq)
-    documents = _Segments(d, d_offsets, d_lengths, d_mask)
-    nq, nd = segment_count(q, q_offsets), segment_count(d, d_offsets)
+    queries = _Segments(q, a.q_offsets, a.q_lengths, a.q_mask, width=max_lq)
+    documents = _Segments(d, a.d_offsets, a.d_lengths, a.d_mask)
+    nq, nd = segment_count(q, a.q_offsets), segment_count(d, a.d_offsets)
     bad = bounds.invalid_pairs(
-        scores, layout, pair_q, pair_d, bounds.invalid_segments(q, q_offsets, q_lengths, max_lq),
-        bounds.invalid_segments(d, d_offsets, d_lengths), nq, nd,
+        scores, layout, a.pair_q, a.pair_d,
+        bounds.invalid_segments(q, a.q_offsets, a.q_lengths, max_lq),
+        bounds.invalid_segments(d, a.d_offsets, a.d_lengths), nq, nd,
     )
     if scores.numel() == 0 or queries.width == 0 or min(nq, nd) == 0:
         return scores.masked_fill_(bad, float("nan")) if bad is not None else scores, argmax
-    pair_q, pair_d = bounds.clamped_ids(pair_q, nq), bounds.clamped_ids(pair_d, nd)
+    pair_q, pair_d = bounds.clamped_ids(a.pair_q, nq), bounds.clamped_ids(a.pair_d, nd)
     with _exact_fp32_matmul(q.device):
         if layout == ALLPAIRS:
             _fwd_allpairs(queries, documents, scores, argmax if with_argmax else None)
         elif layout == GROUPED and not documents.packed:
-            _fwd_grouped(queries, documents, group, scores, argmax if with_argmax else None)
+            _fwd_grouped(queries, documents, a.group, scores, argmax if with_argmax else None)
         else:
             flat_argmax = argmax.view(scores.numel(), max_lq) if with_argmax else None
             _fwd_paired(
                 queries,
                 documents,
                 layout,
-                group,
+                a.group,
                 pair_q,
                 pair_d,
                 scores.view(-1),

@@ -22,15 +22,8 @@ import torch
 
 from . import bounds, fallback
 from .layouts import scores_shape, segment_count
-from .registry import (
-    BWD_SCHEMA,
-    CE_SCHEMA,
-    FWD_SCHEMA,
-    STEP_SCHEMA,
-    _exact,
-    register_autograd,
-    register_fakes,
-)
+from .registry import _exact, register_autograd, register_fakes
+from .schemas import BWD_SCHEMA, CE_SCHEMA, FWD_SCHEMA, STEP_SCHEMA
 
 NAMESPACE = "maxsim_metal"
 SIMD_WIDTH = 32  # threads of a simdgroup; every threadgroup is whole simdgroups

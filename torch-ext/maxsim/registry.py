@@ -1,7 +1,7 @@
 """The op pair ``fwd`` / ``bwd``: the pure-PyTorch namespace, and the fake kernels and autograd
 formula that every namespace (this one and the CUDA extension's) shares.
 
-Schemas and semantics: docs/ARCHITECTURE.md.
+Schemas: schemas.h (read by schemas.py); semantics: docs/ARCHITECTURE.md.
 """
 
 import functools
@@ -10,48 +10,16 @@ import torch
 
 from . import fallback
 from .layouts import scores_shape
+from .schemas import BWD_SCHEMA, CE_SCHEMA, FWD_SCHEMA, STEP_SCHEMA, FwdArgs
 
 NAMESPACE = "maxsim_torch"
 
-FWD_SCHEMA = (
-    "fwd(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
-    "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, Tensor? pair_q, Tensor? pair_d, "
-    "int layout, int group, int max_lq, bool with_argmax, bool tf32) "
-    "-> (Tensor scores, Tensor argmax)"
-)
-BWD_SCHEMA = (
-    "bwd(Tensor grad, Tensor q, Tensor d, Tensor argmax, Tensor? q_offsets, Tensor? d_offsets, "
-    "Tensor? pair_q, Tensor? pair_d, int layout, int group) -> (Tensor dq, Tensor dd)"
-)
 
-CE_SCHEMA = "ce(Tensor scores, Tensor? targets, float scale) -> (Tensor loss, Tensor grad)"
-STEP_SCHEMA = (
-    "contrastive_step(Tensor q, Tensor d, Tensor? q_offsets, Tensor? q_lengths, Tensor? q_mask, "
-    "Tensor? d_offsets, Tensor? d_lengths, Tensor? d_mask, int layout, int group, int max_lq, "
-    "Tensor? targets, float scale) -> (Tensor loss, Tensor dq, Tensor dd)"
-)
-
-
-def _fwd_fake(
-    q,
-    d,
-    q_offsets,
-    q_lengths,
-    q_mask,
-    d_offsets,
-    d_lengths,
-    d_mask,
-    pair_q,
-    pair_d,
-    layout,
-    group,
-    max_lq,
-    with_argmax,
-    tf32,
-):
-    shape = scores_shape(q, d, q_offsets, d_offsets, pair_q, layout, group)
-    scores = q.new_empty(shape, dtype=torch.float32)
-    argmax = q.new_empty((*shape, max_lq) if with_argmax else (0,), dtype=torch.int32)
+def _fwd_fake(*args):
+    a = FwdArgs(*args)
+    shape = scores_shape(a.q, a.d, a.q_offsets, a.d_offsets, a.pair_q, a.layout, a.group)
+    scores = a.q.new_empty(shape, dtype=torch.float32)
+    argmax = a.q.new_empty((*shape, a.max_lq) if a.with_argmax else (0,), dtype=torch.int32)
     return scores, argmax
 
 
@@ -80,12 +48,10 @@ def _step_fake(q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask,
 
 
 def _setup_context(ctx, inputs, output):
-    q, d, q_offsets, _, _, d_offsets, _, _, pair_q, pair_d, layout, group, _, with_argmax, _ = (
-        inputs
-    )
-    ctx.layout, ctx.group, ctx.with_argmax = layout, group, with_argmax
+    a = FwdArgs(*inputs)
+    ctx.layout, ctx.group, ctx.with_argmax = a.layout, a.group, a.with_argmax
     # q and d are inputs (no copy); the argmax is the only tensor fwd adds for backward.
-    ctx.save_for_backward(q, d, output[1], q_offsets, d_offsets, pair_q, pair_d)
+    ctx.save_for_backward(a.q, a.d, output[1], a.q_offsets, a.d_offsets, a.pair_q, a.pair_d)
 
 
 def _backward_through(ops):
@@ -111,7 +77,9 @@ def _backward_through(ops):
             ctx.group,
         )
         needs = ctx.needs_input_grad
-        return (dq if needs[0] else None, dd if needs[1] else None) + (None,) * 13
+        return (dq if needs[0] else None, dd if needs[1] else None) + (None,) * (
+            len(FwdArgs._fields) - 2
+        )
 
     return backward
 
