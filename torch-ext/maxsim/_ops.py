@@ -38,10 +38,8 @@ CXX_FLAGS = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
 # --threads=0: the arch targets of one source compile in parallel.
 NVCC_BASE_FLAGS = ["-O3", "-lineinfo", "--threads=0"]
 
-_SOURCE_GLOBS = (
-    "csrc/*.cu",
-    "csrc/*.cuh",
-    "csrc/*.h",
+# What the CPU kernels and the binding compile from (both builds), then each build's own.
+_SHARED_GLOBS = (
     "csrc/cpu/*.cpp",
     "csrc/cpu/*.h",
     "torch-ext/torch_binding.cpp",
@@ -49,6 +47,7 @@ _SOURCE_GLOBS = (
     "torch-ext/*.h",
     "torch-ext/maxsim/schemas.h",
 )
+_SOURCE_GLOBS = ("csrc/*.cu", "csrc/*.cuh", "csrc/*.h") + _SHARED_GLOBS
 
 # The CPU-only extension: the CPU kernels, the op schemas and autograd (torch_binding.cpp without
 # its CUDA part: CPU_KERNEL, as kernel-builder's cpu backend defines it) and the CPU registrations.
@@ -56,15 +55,7 @@ _SOURCE_GLOBS = (
 # build itself needs no -march flag and runs on any x86-64.
 EXTENSION_PREFIX_CPU = "_maxsim_cpu_"
 CPU_CXX_FLAGS = ["-O3", "-DCPU_KERNEL", "-DPy_LIMITED_API=0x030A0000"]
-_CPU_SOURCE_GLOBS = (
-    "csrc/params.h",
-    "csrc/cpu/*.cpp",
-    "csrc/cpu/*.h",
-    "torch-ext/torch_binding.cpp",
-    "torch-ext/torch_binding_cpu.cpp",
-    "torch-ext/*.h",
-    "torch-ext/maxsim/schemas.h",
-)
+_CPU_SOURCE_GLOBS = ("csrc/params.h",) + _SHARED_GLOBS
 
 
 # ---------------------------------------------------------------------------------------------

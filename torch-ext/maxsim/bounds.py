@@ -4,7 +4,7 @@ Vectorised, without a device->host sync."""
 
 import torch
 
-from .layouts import ALLPAIRS, PAIRS
+from .layouts import ALLPAIRS, PAIRS, segment_count
 
 
 def invalid_segments(x, offsets, lengths, width=None):
@@ -46,3 +46,14 @@ def invalid_pairs(scores, layout, pair_q, pair_d, q_bad, d_bad, nq, nd):
     if d_bad is not None and nd:
         bad |= d_bad[clamped_ids(pair_d, nd).long()]
     return bad
+
+
+def bad_scores(scores, layout, q, d, q_offsets, q_lengths, d_offsets, d_lengths, pair_q, pair_d,
+               max_lq):
+    """``invalid_pairs`` of a ``fwd`` call's arguments: packed queries longer than ``max_lq``,
+    bad lengths, offsets and ids (bool like ``scores``), or None when nothing can be bad."""
+    return invalid_pairs(
+        scores, layout, pair_q, pair_d, invalid_segments(q, q_offsets, q_lengths, max_lq),
+        invalid_segments(d, d_offsets, d_lengths), segment_count(q, q_offsets),
+        segment_count(d, d_offsets),
+    )

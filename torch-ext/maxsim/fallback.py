@@ -196,11 +196,8 @@ def fwd(*args):
     queries = _Segments(q, a.q_offsets, a.q_lengths, a.q_mask, width=max_lq)
     documents = _Segments(d, a.d_offsets, a.d_lengths, a.d_mask)
     nq, nd = segment_count(q, a.q_offsets), segment_count(d, a.d_offsets)
-    bad = bounds.invalid_pairs(
-        scores, layout, a.pair_q, a.pair_d,
-        bounds.invalid_segments(q, a.q_offsets, a.q_lengths, max_lq),
-        bounds.invalid_segments(d, a.d_offsets, a.d_lengths), nq, nd,
-    )
+    bad = bounds.bad_scores(scores, layout, q, d, a.q_offsets, a.q_lengths, a.d_offsets,
+                            a.d_lengths, a.pair_q, a.pair_d, max_lq)
     if scores.numel() == 0 or queries.width == 0 or min(nq, nd) == 0:
         return scores.masked_fill_(bad, float("nan")) if bad is not None else scores, argmax
     pair_q, pair_d = bounds.clamped_ids(a.pair_q, nq), bounds.clamped_ids(a.pair_d, nd)

@@ -127,10 +127,8 @@ def launch_fwd(lib, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_
         threads=pairs * SIMD_WIDTH, group_size=SIMD_WIDTH,
     )
     # Unchecked lengths / offsets, and packed queries longer than max_lq: NaN, argmax -1.
-    bad = bounds.invalid_pairs(
-        scores, layout, pair_q, pair_d, bounds.invalid_segments(q, q_offsets, q_lengths, max_lq),
-        bounds.invalid_segments(d, d_offsets, d_lengths), nq, nd,
-    )
+    bad = bounds.bad_scores(scores, layout, q, d, q_offsets, q_lengths, d_offsets, d_lengths,
+                            pair_q, pair_d, max_lq)
     if bad is not None:
         scores.masked_fill_(bad, float("nan"))
         if with_argmax:
