@@ -50,8 +50,11 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
 
 // Query qi's row t as an argmax entry's source, or null where the query is out of range (an id,
 // length or offsets; a packed query past max_lq) or t is past its rows: that entry adds nothing.
+// Padded queries of the grid layouts need no check: qi comes from the grid and t < max_lq, which
+// the host holds to the padded length.
 template <typename T>
 __device__ __forceinline__ const T* query_row(const BwdParams& p, const T* qg, int qi, int t) {
+  if (p.q.offsets == nullptr && p.pairs.layout != kPairs) return qg + row_elem(p.q, qi, 0, t);
   const Segment g = pair_segment(p.pairs, p.q, qi);
   return query_ok(p.q, g, p.max_lq) && t < g.rows ? qg + row_elem(p.q, qi, g.first_row, t) : nullptr;
 }

@@ -37,16 +37,16 @@ __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdPara
   const int span = max(1, entries / ranges + (entries % ranges != 0));  // entries per range
   const int64_t base = doc_entry_base(p, j, pr);
   const int64_t first_row = int64_t(j) * rows;
-  const int len = segment_of(p.d, j).len;  // 0 for a length out of range
   for (int x = tid; x < ranges * rows; x += kSortThreads) cnt[x] = 0;
   __syncthreads();
 
-  // An entry's winning row, or -1 (none, or past the document's valid tokens: no gradient).
+  // An entry's winning row, or -1 (none, or past the document's rows: no gradient). The
+  // backward's padded documents carry no lengths: their rows are their padded rows.
   auto entry = [&](int e) -> int {
     const int kk = e / p.max_lq;
     const int64_t o = doc_pair_out(p, j, pr.begin + kk);
     const int a = p.argmax[o * p.max_lq + (e - kk * p.max_lq)];
-    return index_below(a, len) ? a : -1;
+    return index_below(a, rows) ? a : -1;
   };
   // 1. counts per (range, row); integer counts are order-free
   for (int e0 = 0; e0 < entries; e0 += kSortPrefetch * kSortThreads) {

@@ -12,8 +12,8 @@ namespace maxsim {
 // A document's tiles: `tiles` of them (one for an empty document, which still runs a tile with no
 // valid column so that its empty maxima get written), columns below `cols` valid.
 struct TileSpan {
-  int tiles, cols;
-  bool ok;  // the document's id, offsets and length were in range (else its scores are NaN)
+  int tiles, cols;  // cols < 0: the document's id, offsets or length were out of range (NaN)
+  __device__ __forceinline__ bool ok() const { return cols >= 0; }
 };
 
 // What a query row of the tile contributes (TileBlock::row_ok): nothing (padding, masked or past
@@ -105,7 +105,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
     return kWgT && kCodes && d_chunks() == 8 ? c ^ ((r & 1) * 4) : c;
   }
   __device__ static __forceinline__ TileSpan span_of(const Segment& g) {
-    return TileSpan{max(1, (g.len + BN - 1) / BN), g.len, g.ok};
+    return TileSpan{max(1, (g.len + BN - 1) / BN), g.ok ? g.len : -1};
   }
   __device__ __forceinline__ TileSpan doc_span(int item) const {
     return span_of(items.doc_segment(p.d, items.doc(item)));

@@ -102,7 +102,7 @@ struct Epilogue {
     acc.reset();
     __syncthreads();
     const int qfirst = b.query_of_rows();
-    const bool doc_ok = b.c_span.ok;  // the span of `item`: the cursor moves on after this
+    const bool doc_ok = b.c_span.ok();  // the span of `item`: the cursor moves on after this
     if (BM == 32 && b.grid.qpb == 1) {
       // One query's 32 rows, one per lane of warp 0: the sum stays in registers, in the order
       // of the general path below, with no second barrier (red_v is next written after the
