@@ -272,7 +272,8 @@ class _OverlappedStep(torch.autograd.Function):
         remote = None
         scores = local
         if world > 1:
-            remote, slot = _docs_of(_arrived(pending, c.layout), c.layout, [s for s in range(world) if s != rank])
+            others = [s for s in range(world) if s != rank]
+            remote, slot = _docs_of(_arrived(pending, c.layout), c.layout, others)
             remote_scores, remote_argmax = _fwd(c, remote, True)
             scores = torch.cat([remote_scores[:, :first], local, remote_scores[:, first:]], 1)
             remote = (remote, remote_argmax, slot)
@@ -298,9 +299,8 @@ class _OverlappedStep(torch.autograd.Function):
         _mark("local_backward")
         _wait(works)
         _mark("reduce_scatter_wait")
-        if remote is not None:  # summed in fp32, rounded once
-            dQ = (dQ.float() + dq_remote.float()).to(dQ.dtype)
-            dD = (dD.float() + mine[:n, :ld].float()).to(dD.dtype)
+        if remote is not None:
+            dQ, dD = dQ + dq_remote, dD + mine[:n, :ld]
         return dQ, dD, None
 
 
