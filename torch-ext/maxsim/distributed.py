@@ -165,16 +165,20 @@ def _docs_of(gathered, layout, sources):
                           pick(gathered.mask)), slot
 
 
-def _start_return(pieces, layout, like, group, works):
+def _start_return(pieces, layout, like, group, works, zero_block=None):
     """Starts the reduce-scatter that sums every rank's gradient of each rank's documents into
     its owner. ``pieces``: ``(gradient, slot)`` of the gathered rows this rank has a gradient
-    for (:func:`_docs_of`); the other rows are zeros. Returns the owner's ``[rows, cols, H]``."""
+    for (:func:`_docs_of`); block ``zero_block`` (a rank) is sent as zeros; the padding rows are
+    left as they are (they only reach their owner's padding, which is cut off). Returns the
+    owner's ``[rows, cols, H]``."""
     world, rows = dist.get_world_size(group), layout.rows
     whole = slice(0, world * rows)
     if len(pieces) == 1 and isinstance(pieces[0][1], slice) and pieces[0][1] == whole:
         buffer = pieces[0][0].contiguous()
     else:
-        buffer = like.new_zeros((world * rows, layout.cols, like.size(-1)))
+        buffer = like.new_empty((world * rows, layout.cols, like.size(-1)))
+        if zero_block is not None:
+            buffer[zero_block * rows:(zero_block + 1) * rows].zero_()
         for grad, slot in pieces:
             buffer[slot] = grad
     out = buffer.new_empty((rows, layout.cols, buffer.size(-1)))
@@ -245,9 +249,10 @@ class _FusedStep(torch.autograd.Function):
     def backward(ctx, grad):
         c, (dq, dd, slot) = ctx.call, ctx.grads
         factor = grad * c.share if c.share != 1.0 else grad
+        dQ, dD = dq * factor, dd * factor
+        _mark("scale")
         works = []
-        mine = _start_return([(dd * factor, slot)], c.layout, dd, c.group, works)
-        dQ = dq * factor
+        mine = _start_return([(dD, slot)], c.layout, dd, c.group, works)
         _wait(works)
         _mark("reduce_scatter")
         n, ld = c.d.x.shape[:2]
@@ -294,7 +299,8 @@ class _OverlappedStep(torch.autograd.Function):
             rest = torch.cat([grad[:, :first], grad[:, first + n:]], 1)
             dq_remote, dd_remote = _bwd(c, rest, docs, argmax)
             _mark("remote_backward")
-            mine = _start_return([(dd_remote, slot)], c.layout, dd_remote, c.group, works)
+            mine = _start_return([(dd_remote, slot)], c.layout, dd_remote, c.group, works,
+                                 zero_block=dist.get_rank(c.group))
         dQ, dD = _bwd(c, grad[:, first:first + n].contiguous(), c.d, local_argmax)
         _mark("local_backward")
         _wait(works)
