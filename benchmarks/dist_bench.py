@@ -260,6 +260,9 @@ def parse_args(argv=None):
     ap.add_argument("--out", default="bench_results/dist.json", help="the JSON file (rank 0)")
     ap.add_argument("--small", action="store_true", help="tiny shapes, gloo on the CPU")
     ap.add_argument("--reps", type=int, default=None, help="calls per timed round")
+    ap.add_argument("--backend", default="cpu:gloo,cuda:nccl",
+                    help="the process group's backend on GPUs (gloo beside NCCL keeps the shape "
+                         "exchange on the host; 'nccl' alone if gloo cannot start)")
     ap.add_argument("--profile", action="store_true",
                     help="also run torch.profiler over 5 gathered steps: rank 0 prints its table, "
                          "every rank writes a Chrome trace next to --out")
@@ -273,8 +276,9 @@ def main(argv=None):
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    # gloo beside NCCL: the shape exchange of same_shapes=False stays on the host
-    dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
+    if os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo needs no hostname
+    dist.init_process_group(args.backend if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     shape = SMALL if args.small else FULL
     reps = args.reps or (3 if args.small else 20)

@@ -176,7 +176,8 @@ def summary(doc):
             f"{_verdict(r['throughput_ratio'] >= r['target_ratio_at_least'])}); identical top-k: "
             f"{r['identical_top_k']}",
             f"    per rank: scan alone {_ranks(r['scan_alone_ms'])}, in the call: scan "
-            f"{_ranks(r['phases_ms']['local_scan'])}, merge {_ranks(r['phases_ms']['merge'])}; "
+            f"{_ranks(r['phases_ms']['local_scan'])}, merge (with the wait for the slowest) "
+            f"{_ranks(r['phases_ms']['merge'])}; "
             f"host {_ranks(r['host_ms'])}",
             f"    one GPU scanning the whole corpus / the slowest shard alone: "
             f"{r['scan_scaling']:.2f}x (the ratio a free merge would give); imbalance "
