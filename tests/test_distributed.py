@@ -88,6 +88,8 @@ def _cases(rank, data):
     out["ragged_plain"] = _loss_and_grads(q, d, targets=targets, overlap=True)
     out["ragged_bf16"] = _loss_and_grads(q.bfloat16(), d.bfloat16(), None, mask,
                                          targets=targets)
+    out["ragged_bf16_overlap"] = _loss_and_grads(q.bfloat16(), d.bfloat16(), None, mask,
+                                                 targets=targets, overlap=True)
     try:  # a token dim that differs between ranks: every rank raises, none hangs
         distributed.contrastive_loss(q[..., : 8 + 8 * rank], d[..., : 8 + 8 * rank],
                                      targets=targets)
@@ -230,7 +232,7 @@ def test_mismatched_token_dims_raise_on_every_rank(run):
     ("ragged_lengths", torch.float32, 1.0), ("ragged_lengths_overlap", torch.float32, 1.0),
     ("ragged_mask", torch.float32, 0.1), ("ragged_mask_overlap", torch.float32, 0.1),
     ("ragged_plain", torch.float32, 1.0),
-    ("ragged_bf16", torch.bfloat16, 1.0),
+    ("ragged_bf16", torch.bfloat16, 1.0), ("ragged_bf16_overlap", torch.bfloat16, 1.0),
 ])
 def test_ragged_loss_equals_one_process(run, case, dtype, temperature):
     data, results = run
