@@ -78,6 +78,15 @@ def _cases(rank, data):
                                                      same_shapes=True, overlap=True)
     with torch.no_grad():
         out["uniform_no_grad"] = distributed.contrastive_loss(q, d, temperature=0.05)
+    marks = []
+    distributed.phase_marks = marks.append
+    try:
+        for overlap in (False, True):
+            _loss_and_grads(q, d, same_shapes=True, overlap=overlap)
+            marks.append("|")
+    finally:
+        distributed.phase_marks = None
+    out["phases"] = marks
     q, d, lengths, mask, targets = data["ragged"][rank]
     out["ragged_lengths"] = _loss_and_grads(q, d, d_lengths=lengths, targets=targets)
     out["ragged_lengths_overlap"] = _loss_and_grads(q, d, d_lengths=lengths, targets=targets,
@@ -221,6 +230,14 @@ def test_uniform_lengths_equal_one_process(run, case):
 def test_loss_without_gradients_is_the_same(run):
     for r in run[1]:
         torch.testing.assert_close(r["uniform_no_grad"], r["uniform"][0], rtol=1e-6, atol=0)
+
+
+def test_phase_marks_name_every_phase_in_order(run):
+    fused = ["gather", "step", "scale", "reduce_scatter"]
+    overlapped = ["local_score", "gather_wait", "remote_score", "loss", "remote_backward",
+                  "local_backward", "reduce_scatter_wait"]
+    for r in run[1]:
+        assert r["phases"] == fused + ["|"] + overlapped + ["|"]
 
 
 def test_mismatched_token_dims_raise_on_every_rank(run):
