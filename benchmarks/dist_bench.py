@@ -1,15 +1,22 @@
-"""maxsim.distributed on several GPUs: correctness against one process, then timings.
+"""maxsim.distributed on several GPUs: correctness against one process, then timings, and
+where the time goes.
 
     torchrun --nproc-per-node 2 benchmarks/dist_bench.py --out bench_results/dist_h100x2.json
+    torchrun --nproc-per-node 2 benchmarks/dist_bench.py --profile   # + torch.profiler tables
     python -m torch.distributed.run --nproc-per-node 2 benchmarks/dist_bench.py --small  # CPU
 
-Two measurements, each checked on rank 0 against one process holding everything first:
+Each measurement is checked on rank 0 against one process holding everything first:
 - the gathered contrastive step (forward and backward of ``distributed.contrastive_loss``, every
-  rank's documents as negatives) against the single-GPU step (``maxsim.contrastive_loss``) at the
-  same per-GPU batch;
+  rank's documents as negatives; the fused default and ``overlap=True``) against the single-GPU
+  step at the same per-GPU batch (the target) and at twice its documents (what each rank
+  computes: the floor, so that the cost of distribution shows apart from the extra compute);
+  per-phase times from CUDA events at ``distributed.phase_marks``, the host time per step, and
+  the two collectives timed alone;
 - ``distributed.retrieve`` over a corpus split across the ranks against ``maxsim.retrieve`` of the
-  whole corpus on one GPU (throughput ratio; the top-k must be identical), fp16 and int8 shards.
-NCCL on GPUs, gloo with ``--small`` (tiny shapes, CPU). Writes one JSON (rank 0).
+  whole corpus on one GPU (throughput ratio; the top-k must be identical), fp16 and int8 shards,
+  with every rank's scan and merge times and the scan of one shard alone.
+NCCL on GPUs (beside gloo, for the host-side shape exchange), gloo with ``--small`` (tiny
+shapes, CPU). Writes one JSON (rank 0) and prints a summary against the targets.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "torch-ext"))  # this tree's maxsim
 
+import dist_report  # noqa: E402
 import maxsim  # noqa: E402
 from bench import git_state  # noqa: E402
 from maxsim import distributed  # noqa: E402
@@ -110,11 +118,11 @@ def loss_f64(Q, D, temperature):
     return loss.detach(), Q.grad, D.grad
 
 
-def check_contrastive(shape, dtype, device, temperature):
+def check_contrastive(shape, dtype, device, temperature, overlap=False):
     """The gathered step against one process holding the whole batch (on rank 0)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     Q, D = random_batch(shape, dtype, device, seed=100 + rank)
-    got = step(distributed.contrastive_loss, Q, D, temperature=temperature)
+    got = step(distributed.contrastive_loss, Q, D, temperature=temperature, overlap=overlap)
     loss = got[0].reshape(1).double()
     dist.all_reduce(loss)
     Q_all, D_all = gather_all(Q), gather_all(D)
@@ -123,7 +131,7 @@ def check_contrastive(shape, dtype, device, temperature):
         return None
     whole = step(maxsim.contrastive_loss, Q_all, D_all, temperature=temperature)
     ranks = (loss[0] / world, dQ_all, dD_all)
-    out = {"dtype": next(k for k, v in DTYPES.items() if v == dtype),
+    out = {"dtype": next(k for k, v in DTYPES.items() if v == dtype), "overlap": overlap,
            "rel_err_vs_one_process": [relative_error(g, w) for g, w in zip(ranks, whole)]}
     if dtype == torch.float32:
         truth = loss_f64(Q_all, D_all, temperature)
@@ -136,29 +144,48 @@ def check_contrastive(shape, dtype, device, temperature):
     return out
 
 
-def bench_contrastive(shape, device, reps):
+def bench_contrastive(shape, device, reps, profile_out=None):
+    """The gathered step's paths against the single-GPU step at the same batch and at twice its
+    documents (each rank scores every rank's documents: the compute a rank cannot shed), the
+    phases of both paths, the collectives alone, and (``profile_out``) a profiler table."""
     dtype = DTYPES[shape["dtype"]]
     Q, D = random_batch(shape, dtype, device, seed=200 + dist.get_rank())
+    _, more = random_batch(shape, dtype, device, seed=900 + dist.get_rank())
+    D2 = torch.cat([D, more])  # what one rank scores in the gathered step
     Q.requires_grad_()
-    D.requires_grad_()
+    for x in (D, D2):
+        x.requires_grad_()
 
-    def gathered(same_shapes=True, overlap=True):
+    def gathered(same_shapes=True, overlap=False):
         distributed.contrastive_loss(Q, D, temperature=0.05, same_shapes=same_shapes,
                                      overlap=overlap).backward()
 
-    def single():
-        maxsim.contrastive_loss(Q, D, temperature=0.05).backward()
+    def single(docs):
+        return lambda: maxsim.contrastive_loss(Q, docs, temperature=0.05).backward()
 
-    def fused():
-        maxsim.contrastive_step(Q.detach(), D.detach(), temperature=0.05)
+    def fused(docs):
+        return lambda: maxsim.contrastive_step(Q.detach(), docs.detach(), temperature=0.05)
 
     ms = {name: slowest(time_ms(fn, device, reps), device) for name, fn in (
-        ("gathered_ms", gathered), ("gathered_shape_exchange_ms", lambda: gathered(False)),
-        ("gathered_one_call_ms", lambda: gathered(overlap=False)),
-        ("single_gpu_ms", single), ("single_gpu_fused_step_ms", fused),
+        ("gathered_ms", gathered), ("gathered_overlap_ms", lambda: gathered(overlap=True)),
+        ("gathered_shape_exchange_ms", lambda: gathered(False)),
+        ("single_gpu_ms", single(D)), ("single_gpu_fused_step_ms", fused(D)),
+        ("single_gpu_2x_docs_ms", single(D2)), ("single_gpu_2x_docs_fused_step_ms", fused(D2)),
     )}
-    ms["ratio"] = min(ms["gathered_ms"], ms["gathered_one_call_ms"]) / ms["single_gpu_ms"]
+    best = min(("gathered_ms", "gathered_overlap_ms"), key=ms.get)
+    ms["best"] = {"gathered_ms": "fused", "gathered_overlap_ms": "overlap=True"}[best]
+    ms["ratio"] = ms[best] / ms["single_gpu_ms"]
     ms["target_ratio_at_most"] = STEP_TARGET
+    ms["overhead_vs_2x_docs"] = ms[best] / ms["single_gpu_2x_docs_ms"]
+    ms["overhead_vs_2x_docs_fused"] = ms[best] / ms["single_gpu_2x_docs_fused_step_ms"]
+    ms["phases_fused"] = dist_report.phase_table(gathered, device, reps)
+    ms["phases_overlap"] = dist_report.phase_table(lambda: gathered(overlap=True), device, reps)
+    ms["collectives_alone"] = dist_report.collectives_alone(D, device, reps, time_ms)
+    if profile_out:
+        table, trace = dist_report.profile(gathered, device, profile_out)
+        ms["profile_trace"] = trace
+        if dist.get_rank() == 0:
+            print(f"torch.profiler, rank 0, 5 gathered steps (fused):\n{table}", flush=True)
     return ms
 
 
@@ -198,14 +225,18 @@ def bench_retrieve(shape, device, reps):
 
 
 def retrieve_row(queries, shape, fmt, offset, device, reps):
-    """The sharded retrieve of one corpus format: its time, and on rank 0 its check against one
-    GPU holding the whole corpus and that GPU's time."""
+    """The sharded retrieve of one corpus format: its time, every rank's scan (alone, and inside
+    the call) and merge, and on rank 0 its check against one GPU holding the whole corpus and
+    that GPU's time."""
     rank, world, k = dist.get_rank(), dist.get_world_size(), shape["top_k"]
     shard = corpus_shard(shape, rank, world, device, fmt)
     got = distributed.retrieve(queries, shard, k, offset=offset)
-    ms = slowest(time_ms(lambda: distributed.retrieve(queries, shard, k, offset=offset), device,
-                         reps), device)
-    row = {"sharded_ms": ms}
+    call = lambda: distributed.retrieve(queries, shard, k, offset=offset)  # noqa: E731
+    row = {"sharded_ms": slowest(time_ms(call, device, reps), device)}
+    row.update(dist_report.phase_table(call, device, reps))
+    scan = time_ms(lambda: maxsim.retrieve(queries, shard, k), device, reps)
+    row["scan_alone_ms"] = [r[0] for r in dist_report.every_rank([scan], device)]
+    row["imbalance"] = max(row["scan_alone_ms"]) / min(row["scan_alone_ms"])
     if rank == 0:  # one GPU holding the whole corpus, the others waiting
         whole = whole_corpus([shard] + [corpus_shard(shape, r, world, device, fmt)
                                         for r in range(1, world)])
@@ -215,8 +246,10 @@ def retrieve_row(queries, shape, fmt, offset, device, reps):
         row["max_score_diff"] = (got[0] - expect[0]).abs().max().item()
         row["single_gpu_ms"] = time_ms(lambda: maxsim.retrieve(queries, whole, k), device, reps,
                                        together=False)
-        row["throughput_ratio"] = row["single_gpu_ms"] / ms
+        row["throughput_ratio"] = row["single_gpu_ms"] / row["sharded_ms"]
         row["target_ratio_at_least"] = RETRIEVE_TARGET
+        row["scan_scaling"] = row["single_gpu_ms"] / max(row["scan_alone_ms"])
+        del whole
     dist.barrier()  # the others wait while rank 0 holds the whole corpus
     return row
 
@@ -227,6 +260,12 @@ def parse_args(argv=None):
     ap.add_argument("--out", default="bench_results/dist.json", help="the JSON file (rank 0)")
     ap.add_argument("--small", action="store_true", help="tiny shapes, gloo on the CPU")
     ap.add_argument("--reps", type=int, default=None, help="calls per timed round")
+    ap.add_argument("--backend", default="cpu:gloo,cuda:nccl",
+                    help="the process group's backend on GPUs (gloo beside NCCL keeps the shape "
+                         "exchange on the host; 'nccl' alone if gloo cannot start)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also run torch.profiler over 5 gathered steps: rank 0 prints its table, "
+                         "every rank writes a Chrome trace next to --out")
     return ap.parse_args(argv)
 
 
@@ -237,13 +276,16 @@ def main(argv=None):
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    if os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo needs no hostname
+    dist.init_process_group(args.backend if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     shape = SMALL if args.small else FULL
     reps = args.reps or (3 if args.small else 20)
-    checks = [check_contrastive(shape, torch.float32, device, 0.05),
-              check_contrastive(shape, DTYPES[shape["dtype"]], device, 0.05)]
-    result = {"contrastive": bench_contrastive(shape, device, reps),
+    checks = [check_contrastive(shape, dtype, device, 0.05, overlap)
+              for dtype in (torch.float32, DTYPES[shape["dtype"]]) for overlap in (False, True)]
+    result = {"contrastive": bench_contrastive(shape, device, reps,
+                                               args.out if args.profile else None),
               "retrieve": bench_retrieve(shape, device, reps)}
     if rank == 0:
         commit, dirty = git_state()
@@ -252,10 +294,13 @@ def main(argv=None):
                "torch": torch.__version__, "shape": shape, "checks": checks, **result}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-        print(json.dumps(doc, indent=1))
         ok = all(c["ok"] for c in checks) and all(
             r["identical_top_k"] for r in result["retrieve"].values())
-        print(f"\ncorrectness: {'ok' if ok else 'FAILED'}; wrote {args.out}")
+        print("\n" + dist_report.summary(doc))
+        errors = ", ".join(f"{c['dtype']}{' overlap' if c['overlap'] else ''} "
+                           f"{max(c['rel_err_vs_one_process']):.1e}" for c in checks)
+        print(f"correctness: {'ok' if ok else 'FAILED'} (largest relative error against one "
+              f"process: {errors}); wrote {args.out}")
     dist.destroy_process_group()
     return 0
 

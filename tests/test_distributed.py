@@ -41,6 +41,7 @@ def _data():
                        torch.randint(0, sum(r[1] for r in RAGGED), (nq,))))
     return {
         "uniform": [(q.detach(), d) for q, d in uniform],
+        "uniform_lengths": [torch.randint(1, 10, (4,), dtype=torch.int32) for _ in range(WORLD)],
         "ragged": ragged,
         "queries": _grid(6, lq, h),
         "corpus": _grid(sum(CORPUS_SHARDS), 6, h),
@@ -66,14 +67,43 @@ def _cases(rank, data):
     q, d = data["uniform"][rank]
     out["uniform"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
     out["uniform_again"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
-    out["uniform_one_call"] = _loss_and_grads(q, d, temperature=0.05, overlap=False)
+    out["uniform_overlap"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True,
+                                             overlap=True)
+    out["uniform_exchange"] = _loss_and_grads(q, d, temperature=0.05)
     out["uniform_normalized"] = _loss_and_grads(q, d, normalize=True)
+    lengths = data["uniform_lengths"][rank]
+    out["uniform_lengths"] = _loss_and_grads(q, d, d_lengths=lengths, temperature=0.05,
+                                             same_shapes=True)
+    out["uniform_lengths_overlap"] = _loss_and_grads(q, d, d_lengths=lengths, temperature=0.05,
+                                                     same_shapes=True, overlap=True)
+    with torch.no_grad():
+        out["uniform_no_grad"] = distributed.contrastive_loss(q, d, temperature=0.05)
+    marks = []
+    distributed.phase_marks = marks.append
+    try:
+        for overlap in (False, True):
+            _loss_and_grads(q, d, same_shapes=True, overlap=overlap)
+            marks.append("|")
+    finally:
+        distributed.phase_marks = None
+    out["phases"] = marks
     q, d, lengths, mask, targets = data["ragged"][rank]
     out["ragged_lengths"] = _loss_and_grads(q, d, d_lengths=lengths, targets=targets)
-    out["ragged_mask"] = _loss_and_grads(q, d, None, mask, targets=targets, temperature=0.1,
-                                         overlap=False)  # ragged: blocks all the same
+    out["ragged_lengths_overlap"] = _loss_and_grads(q, d, d_lengths=lengths, targets=targets,
+                                                    overlap=True)
+    out["ragged_mask"] = _loss_and_grads(q, d, None, mask, targets=targets, temperature=0.1)
+    out["ragged_mask_overlap"] = _loss_and_grads(q, d, None, mask, targets=targets,
+                                                 temperature=0.1, overlap=True)
+    out["ragged_plain"] = _loss_and_grads(q, d, targets=targets, overlap=True)
     out["ragged_bf16"] = _loss_and_grads(q.bfloat16(), d.bfloat16(), None, mask,
                                          targets=targets)
+    out["ragged_bf16_overlap"] = _loss_and_grads(q.bfloat16(), d.bfloat16(), None, mask,
+                                                 targets=targets, overlap=True)
+    try:  # a token dim that differs between ranks: every rank raises, none hangs
+        distributed.contrastive_loss(q[..., : 8 + 8 * rank], d[..., : 8 + 8 * rank],
+                                     targets=targets)
+    except ValueError as e:
+        out["mismatched_dim"] = str(e)
     queries, corpus = data["queries"], data["corpus"]
     shard, shard_mask = _shard(corpus, rank), _shard(data["corpus_mask"], rank)
     out["retrieve"] = distributed.retrieve(queries, shard, 10)
@@ -174,7 +204,8 @@ def _check(results, whole, truth, valid, tol):
 
 
 @pytest.mark.parametrize("case,temperature,normalize", [
-    ("uniform", 0.05, False), ("uniform_one_call", 0.05, False), ("uniform_normalized", 1.0, True),
+    ("uniform", 0.05, False), ("uniform_overlap", 0.05, False), ("uniform_exchange", 0.05, False),
+    ("uniform_normalized", 1.0, True),
 ])
 def test_uniform_loss_equals_one_process(run, case, temperature, normalize):
     data, results = run
@@ -185,23 +216,48 @@ def test_uniform_loss_equals_one_process(run, case, temperature, normalize):
     _check([r[case] for r in results], (loss.detach(), Q.grad, D.grad), truth, valid, 1e-6)
 
 
-def test_loss_is_deterministic(run):
+@pytest.mark.parametrize("case", ["uniform_lengths", "uniform_lengths_overlap"])
+def test_uniform_lengths_equal_one_process(run, case):
+    data, results = run
+    Q, D, valid, kw = _whole([q for q, _ in data["uniform"]], [d for _, d in data["uniform"]],
+                             lengths=data["uniform_lengths"])
+    loss = maxsim.contrastive_loss(Q, D, temperature=0.05, **kw)
+    loss.backward()
+    truth = _loss_f64(Q, D, valid, torch.arange(len(Q)), 0.05, False)
+    _check([r[case] for r in results], (loss.detach(), Q.grad, D.grad), truth, valid, 1e-6)
+
+
+def test_loss_without_gradients_is_the_same(run):
     for r in run[1]:
-        for a, b in zip(r["uniform"], r["uniform_again"]):
-            assert torch.equal(a, b)
+        torch.testing.assert_close(r["uniform_no_grad"], r["uniform"][0], rtol=1e-6, atol=0)
+
+
+def test_phase_marks_name_every_phase_in_order(run):
+    fused = ["gather", "step", "scale", "reduce_scatter"]
+    overlapped = ["local_score", "gather_wait", "remote_score", "loss", "remote_backward",
+                  "local_backward", "reduce_scatter_wait"]
+    for r in run[1]:
+        assert r["phases"] == fused + ["|"] + overlapped + ["|"]
+
+
+def test_mismatched_token_dims_raise_on_every_rank(run):
+    for r in run[1]:
+        assert "token dim" in r["mismatched_dim"]
 
 
 @pytest.mark.parametrize("case,dtype,temperature", [
-    ("ragged_lengths", torch.float32, 1.0), ("ragged_mask", torch.float32, 0.1),
-    ("ragged_bf16", torch.bfloat16, 1.0),
+    ("ragged_lengths", torch.float32, 1.0), ("ragged_lengths_overlap", torch.float32, 1.0),
+    ("ragged_mask", torch.float32, 0.1), ("ragged_mask_overlap", torch.float32, 0.1),
+    ("ragged_plain", torch.float32, 1.0),
+    ("ragged_bf16", torch.bfloat16, 1.0), ("ragged_bf16_overlap", torch.bfloat16, 1.0),
 ])
 def test_ragged_loss_equals_one_process(run, case, dtype, temperature):
     data, results = run
     parts = data["ragged"]
     Q, D, valid, kw = _whole(
         [p[0].to(dtype) for p in parts], [p[1].to(dtype) for p in parts],
-        lengths=[p[2] for p in parts] if case == "ragged_lengths" else None,
-        masks=None if case == "ragged_lengths" else [p[3] for p in parts],
+        lengths=[p[2] for p in parts] if case.startswith("ragged_lengths") else None,
+        masks=[p[3] for p in parts] if "mask" in case or "bf16" in case else None,
     )
     targets = torch.cat([p[4] for p in parts])
     loss = maxsim.contrastive_loss(Q, D, targets=targets, temperature=temperature, **kw)

@@ -5,14 +5,17 @@ Every rank calls the same function with its own part; the process group's collec
 data (nothing else). Results equal those of one process holding the whole batch or corpus.
 """
 
+from typing import NamedTuple, Optional
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import validation as check
 from .dispatch import select_ops
+from .layouts import ALLPAIRS
 from .losses import _check_temperature
-from .native import maxsim
+from .native import padded_sets
 from .retrieve import _doc_of, _rank_keys
 from .retrieve import retrieve as _retrieve_local
 
@@ -21,48 +24,76 @@ _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 _NO_DOC = torch.iinfo(torch.int64).min  # below every key of _rank_keys: a shard's empty slot
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # their index travels in the exchange
+
+# Called with a phase's name where the phase ends on the device's stream (None: off); the
+# benchmark puts CUDA events there (benchmarks/dist_bench.py).
+phase_marks = None
 
 
-def _start_gather(x, group, works):
-    """All ranks' ``x`` (same shape on every rank) concatenated ``[world * x.size(0), ...]``; the
-    collective is started, its handle appended to ``works`` (wait before reading the result)."""
-    out = x.new_empty((dist.get_world_size(group) * x.size(0), *x.shape[1:]))
-    works.append(_gather_into(out, x.contiguous(), group=group, async_op=True))
-    return out
+def _mark(name):
+    if phase_marks is not None:
+        phase_marks(name)
 
 
-def _gather_rows(x, group, works):
-    """:func:`_start_gather` viewed ``[world, *x.shape]``."""
-    return _start_gather(x, group, works).view(dist.get_world_size(group), *x.shape)
+def _on_host(group):
+    """Whether ``group`` takes CPU tensors (gloo, alone or beside NCCL as
+    ``init_process_group()`` without a backend makes it): small exchanges then skip the device."""
+    types = getattr(group or dist.group.WORLD, "_device_types", None)
+    if types is None:  # torch without the attribute: read the configuration
+        return "gloo" in str(dist.get_backend_config(group))
+    return any(t.type == "cpu" for t in types)
 
 
-class _GatherWithGrad(torch.autograd.Function):
-    """:func:`_start_gather` whose backward sums every rank's gradient of a block into its owner
-    (one reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, group, works):
-        ctx.group = group
-        return _start_gather(x, group, works)
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = grad.new_empty((grad.size(0) // dist.get_world_size(ctx.group), *grad.shape[1:]))
-        _reduce_scatter(out, grad.contiguous(), group=ctx.group)
-        return out, None, None
-
-
-def _shapes(Q, D, group, same_shapes):
-    """Every rank's ``(queries, documents, document length)``: from one small all-gather, or
-    this rank's own when the caller says they are the same everywhere."""
-    mine = (Q.size(0), D.size(0), D.size(1))
+def _all_ints(values, device, group):
+    """Every rank's tuple of ints ``values``, from one all-gather: over the host where the group
+    can (no wait for the device's queue), else on ``device`` (one host sync to read them)."""
     world = dist.get_world_size(group)
-    if same_shapes:
-        return [mine] * world
-    sizes = torch.tensor(mine, dtype=torch.int64, device=D.device)
-    out = sizes.new_empty(world * 3)
-    _gather_into(out, sizes, group=group)
-    return [tuple(row) for row in out.view(world, 3).tolist()]
+    mine = torch.tensor(values, dtype=torch.int64,
+                        device="cpu" if _on_host(group) else device)
+    out = mine.new_empty(world * len(values))
+    _gather_into(out, mine, group=group)
+    return [tuple(row) for row in out.view(world, len(values)).tolist()]
+
+
+def _wait(works):
+    for work in works:
+        work.wait()
+    works.clear()
+
+
+class _Layout(NamedTuple):
+    """Every rank's part ``parts[s] = (queries, documents, document length)``, the block
+    ``rows x cols`` each rank's documents are padded to for the transfer, and whether the
+    documents travel with prefix lengths and masks (where any rank needs them, every rank sends
+    them)."""
+
+    parts: tuple
+    rows: int
+    cols: int
+    lengths: bool
+    mask: bool
+
+    @property
+    def uniform(self):
+        return all(p[1:] == (self.rows, self.cols) for p in self.parts)
+
+
+def _layout(q, d, group, same_shapes):
+    """The :class:`_Layout` of this call: from one small all-gather of every rank's shapes, or
+    from this rank's own where ``same_shapes`` promises they are the same everywhere."""
+    mine = (q.x.size(0), *d.x.shape, _FLOATS.index(d.x.dtype), d.lengths is not None,
+            d.mask is not None)
+    world = dist.get_world_size(group)
+    every = [mine] * world if same_shapes else _all_ints(mine, d.x.device, group)
+    if len({e[3:5] for e in every}) > 1:  # every rank sees the same list: all raise together
+        raise ValueError(
+            f"D: expected the same token dim and dtype on every rank, got (H, dtype) "
+            f"{[(e[3], _FLOATS[e[4]]) for e in every]}"
+        )
+    rows, cols = max(e[1] for e in every), max(e[2] for e in every)
+    lengths = any(e[5] for e in every) or any(e[2] != cols for e in every)
+    return _Layout(tuple(e[:3] for e in every), rows, cols, lengths, any(e[6] for e in every))
 
 
 def _padded_to(x, rows, cols, value=0):
@@ -71,9 +102,217 @@ def _padded_to(x, rows, cols, value=0):
     return F.pad(x, pad, value=value) if any(pad) else x
 
 
+class _Gathered(NamedTuple):
+    """Every rank's documents: ``x [world, rows, cols, H]``, int32 ``lengths [world, rows]`` and
+    bool ``mask [world, rows, cols]`` (None where the layout has none)."""
+
+    x: torch.Tensor
+    lengths: Optional[torch.Tensor]
+    mask: Optional[torch.Tensor]
+
+
+def _start_gather(d, layout, group, works):
+    """Starts the all-gathers of this rank's documents (one flat buffer) and of their lengths and
+    masks (one more, of bytes); their handles go to ``works``. Returns what :func:`_arrived`
+    reads once they are waited for."""
+    world, rows, cols = dist.get_world_size(group), layout.rows, layout.cols
+    x = _padded_to(d.x, rows, cols).contiguous()
+    out = x.new_empty((world, rows, cols, x.size(2)))
+    works.append(_gather_into(out.view(-1), x.view(-1), group=group, async_op=True))
+    if not (layout.lengths or layout.mask):
+        return out, None
+    n, ld = d.x.shape[:2]
+    meta = []
+    if layout.lengths:
+        lengths = d.lengths if d.lengths is not None else torch.full(
+            (n,), ld, dtype=torch.int32, device=x.device)
+        meta.append(F.pad(lengths, (0, rows - n)).view(torch.uint8))
+    if layout.mask:
+        mask = d.mask if d.mask is not None else torch.ones(n, ld, dtype=torch.bool,
+                                                            device=x.device)
+        meta.append(_padded_to(mask.view(torch.uint8), rows, cols).reshape(-1))
+    meta = torch.cat(meta)
+    every = meta.new_empty((world, meta.numel()))
+    works.append(_gather_into(every.view(-1), meta, group=group, async_op=True))
+    return out, every
+
+
+def _arrived(pending, layout):
+    """The :class:`_Gathered` of :func:`_start_gather`'s buffers (after the wait: it reads them)."""
+    out, every = pending
+    if every is None:
+        return _Gathered(out, None, None)
+    width = 4 * layout.rows if layout.lengths else 0
+    lengths = every[:, :width].contiguous().view(torch.int32) if layout.lengths else None
+    mask = None
+    if layout.mask:
+        mask = every[:, width:].view(torch.bool).view(out.size(0), layout.rows, layout.cols)
+    return _Gathered(out, lengths, mask)
+
+
+def _docs_of(gathered, layout, sources):
+    """The documents of ranks ``sources`` (ascending) as one token set ``[sum N, cols, H]``, and
+    their rows in the gathered buffer viewed ``[world * rows, ...]`` (a slice where they are
+    one block of it: a view, no copy)."""
+    rows = layout.rows
+    if layout.uniform and sources == list(range(sources[0], sources[-1] + 1)):
+        slot = slice(sources[0] * rows, (sources[-1] + 1) * rows)
+    else:  # padding rows left out (one small index, built on the device)
+        slot = torch.cat([torch.arange(s * rows, s * rows + layout.parts[s][1],
+                                       device=gathered.x.device) for s in sources])
+    pick = lambda t: None if t is None else t.flatten(0, 1)[slot]  # noqa: E731
+    return check.TokenSet(pick(gathered.x), None, pick(gathered.lengths),
+                          pick(gathered.mask)), slot
+
+
+def _start_return(pieces, layout, like, group, works, zero_block=None):
+    """Starts the reduce-scatter that sums every rank's gradient of each rank's documents into
+    its owner. ``pieces``: ``(gradient, slot)`` of the gathered rows this rank has a gradient
+    for (:func:`_docs_of`); block ``zero_block`` (a rank) is sent as zeros; the padding rows are
+    left as they are (they only reach their owner's padding, which is cut off). Returns the
+    owner's ``[rows, cols, H]``."""
+    world, rows = dist.get_world_size(group), layout.rows
+    whole = slice(0, world * rows)
+    if len(pieces) == 1 and isinstance(pieces[0][1], slice) and pieces[0][1] == whole:
+        buffer = pieces[0][0].contiguous()
+    else:
+        buffer = like.new_empty((world * rows, layout.cols, like.size(-1)))
+        if zero_block is not None:
+            buffer[zero_block * rows:(zero_block + 1) * rows].zero_()
+        for grad, slot in pieces:
+            buffer[slot] = grad
+    out = buffer.new_empty((rows, layout.cols, buffer.size(-1)))
+    works.append(_reduce_scatter(out.view(-1), buffer.view(-1), group=group, async_op=True))
+    return out
+
+
+class _Call(NamedTuple):
+    """What the gathered loss works on: this rank's token sets ``q``, ``d`` (validated), the
+    layout, global ``targets``, the softmax ``scale`` (1 / temperature), the loss's ``share``
+    factor, and the process group and op namespace."""
+
+    q: check.TokenSet
+    d: check.TokenSet
+    layout: _Layout
+    targets: torch.Tensor
+    scale: float
+    share: float
+    overlap: bool
+    group: object
+    ops: object
+
+
+def _fwd(c, d, want_argmax):
+    """This rank's queries against token set ``d``: fp32 scores and (wanted) int32 argmax."""
+    q = c.q
+    return c.ops.fwd(q.x, d.x, q.offsets, q.lengths, q.mask, None, d.lengths, d.mask, None, None,
+                     ALLPAIRS, 0, q.x.size(1), want_argmax, False)
+
+
+def _bwd(c, grad, d, argmax):
+    return c.ops.bwd(grad, c.q.x, d.x, argmax, c.q.offsets, None, None, None, ALLPAIRS, 0)
+
+
+def _gathered_docs(c):
+    """Every rank's documents, once they have arrived (no overlap)."""
+    works = []
+    pending = _start_gather(c.d, c.layout, c.group, works)
+    _wait(works)
+    _mark("gather")
+    return _docs_of(_arrived(pending, c.layout), c.layout, list(range(len(c.layout.parts))))
+
+
+def _loss_only(c):
+    """The loss where no gradient is wanted: scores without argmax, cross-entropy."""
+    docs, _ = _gathered_docs(c)
+    scores, _ = _fwd(c, docs, False)
+    return c.ops.ce(scores, c.targets, c.scale)[0]
+
+
+class _FusedStep(torch.autograd.Function):
+    """Gather, then the whole training step of this rank's rows in one op (scores, loss and both
+    gradients: :func:`maxsim.contrastive_step`); backward scales the gradients by the incoming
+    one and sends the documents' back to their owners with one reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, qx, dx, c):
+        docs, slot = _gathered_docs(c)
+        q = c.q
+        loss, dq, dd = c.ops.contrastive_step(
+            q.x, docs.x, q.offsets, q.lengths, q.mask, None, docs.lengths, docs.mask, ALLPAIRS,
+            0, q.x.size(1), c.targets, c.scale)
+        _mark("step")
+        ctx.call, ctx.grads = c, (dq, dd, slot)
+        return loss * c.share if c.share != 1.0 else loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        c, (dq, dd, slot) = ctx.call, ctx.grads
+        factor = grad * c.share if c.share != 1.0 else grad
+        dQ, dD = dq * factor, dd * factor
+        _mark("scale")
+        works = []
+        mine = _start_return([(dD, slot)], c.layout, dd, c.group, works)
+        _wait(works)
+        _mark("reduce_scatter")
+        n, ld = c.d.x.shape[:2]
+        return dQ, mine[:n, :ld], None
+
+
+class _OverlappedStep(torch.autograd.Function):
+    """The local block scored while the other ranks' documents arrive, then theirs, then the
+    cross-entropy of the whole row; backward returns the other ranks' gradients first and
+    computes the local block's while the reduce-scatter runs."""
+
+    @staticmethod
+    def forward(ctx, qx, dx, c):
+        rank, world = dist.get_rank(c.group), len(c.layout.parts)
+        works = []
+        pending = _start_gather(c.d, c.layout, c.group, works)
+        local, local_argmax = _fwd(c, c.d, True)
+        _mark("local_score")
+        _wait(works)
+        _mark("gather_wait")
+        first = sum(p[1] for p in c.layout.parts[:rank])
+        remote = None
+        scores = local
+        if world > 1:
+            others = [s for s in range(world) if s != rank]
+            remote, slot = _docs_of(_arrived(pending, c.layout), c.layout, others)
+            remote_scores, remote_argmax = _fwd(c, remote, True)
+            scores = torch.cat([remote_scores[:, :first], local, remote_scores[:, first:]], 1)
+            remote = (remote, remote_argmax, slot)
+        _mark("remote_score")
+        loss, grad = c.ops.ce(scores, c.targets, c.scale)
+        _mark("loss")
+        ctx.call, ctx.saved = c, (grad, first, local_argmax, remote)
+        return loss * c.share if c.share != 1.0 else loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        c, (grad, first, local_argmax, remote) = ctx.call, ctx.saved
+        grad = grad * (grad_loss * c.share)
+        n, ld = c.d.x.shape[:2]
+        works, mine, dq_remote = [], None, None
+        if remote is not None:
+            docs, argmax, slot = remote
+            rest = torch.cat([grad[:, :first], grad[:, first + n:]], 1)
+            dq_remote, dd_remote = _bwd(c, rest, docs, argmax)
+            _mark("remote_backward")
+            mine = _start_return([(dd_remote, slot)], c.layout, dd_remote, c.group, works,
+                                 zero_block=dist.get_rank(c.group))
+        dQ, dD = _bwd(c, grad[:, first:first + n].contiguous(), c.d, local_argmax)
+        _mark("local_backward")
+        _wait(works)
+        _mark("reduce_scatter_wait")
+        if remote is not None:
+            dQ, dD = dQ + dq_remote, dD + mine[:n, :ld]
+        return dQ, dD, None
+
+
 def contrastive_loss(
     Q, D, q_mask=None, d_mask=None, *, q_lengths=None, d_lengths=None, targets=None,
-    temperature=1.0, normalize=False, same_shapes=False, overlap=True, group=None,
+    temperature=1.0, normalize=False, same_shapes=False, overlap=False, group=None,
     backend="auto",
 ):
     """Softmax cross-entropy of this rank's queries against the documents of every rank of
@@ -84,65 +323,39 @@ def contrastive_loss(
     :func:`maxsim.maxsim`. The columns are the documents of rank 0, then rank 1, ...: ``targets``
     int ``[B_r]`` index them; None is the diagonal, rank ``r``'s query ``i`` against its own
     document ``i``. ``same_shapes=True`` promises that every rank has the same ``B``, ``N`` and
-    ``Ld``, which saves a small all-gather (and its host sync) per call.
+    ``Ld``, the same dtype, and document lengths / masks on all ranks or none; it saves a small
+    all-gather of the shapes (and, on a group without gloo, the host sync of reading them).
 
-    The documents are gathered with one asynchronous all-gather while the local block is scored
-    (``overlap=False``, where every rank has the same shapes: after the gather, every block in one
-    call, fewer launches for no overlap); in backward, each rank's gradient of the other ranks'
-    documents returns to them in one reduce-scatter, so every rank must run backward. Returns this
-    rank's share of the loss, scaled so that the mean over ranks is the loss of one process
-    holding the whole batch and the mean of the ranks' gradients (what DistributedDataParallel
-    applies) is that process's gradient.
+    The documents are gathered with one all-gather of a flat buffer, then one op runs the whole
+    step (scores, loss, and both gradients: :func:`maxsim.contrastive_step`); in backward the
+    documents' gradients go back to their owners in one reduce-scatter, so every rank must run
+    backward. ``overlap=True`` scores the local block while the other ranks' documents arrive and
+    computes its gradient while the reduce-scatter runs (more launches, the transfers hidden).
+    Returns this rank's share of the loss, scaled so that the mean over ranks is the loss of one
+    process holding the whole batch and the mean of the ranks' gradients (what
+    DistributedDataParallel applies) is that process's gradient.
     """
     _check_temperature(temperature)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    shapes = _shapes(Q, D, group, same_shapes)
+    if not isinstance(D, torch.Tensor) or D.dim() != 3:
+        raise ValueError(f"D: expected a tensor [N, Ld, H], got {getattr(D, 'shape', type(D))}")
     if normalize:  # once, before the gather, not once per block
         Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
-    scores = _gathered_scores(Q, D, q_mask, d_mask, q_lengths, d_lengths, shapes, overlap, group,
-                              backend)
-    first = sum(s[1] for s in shapes[:rank])
-    targets = _global_targets(targets, Q.size(0), first, D.size(0), scores.size(1), Q.device)
-    loss = select_ops(scores.device, backend).ce(scores, targets, 1.0 / temperature)[0]
-    return loss * (Q.size(0) * world / max(sum(s[0] for s in shapes), 1))
-
-
-def _gathered_scores(Q, D, q_mask, d_mask, q_lengths, d_lengths, shapes, overlap, group,
-                     backend):
-    """This rank's queries against every rank's documents: ``[B_r, sum N]`` fp32, rank-major."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    rows, cols = max(s[1] for s in shapes), max(s[2] for s in shapes)
-    works = []
-    gathered = _GatherWithGrad.apply(_padded_to(D, rows, cols), group, works)
-    gathered = gathered.view(world, rows, cols, D.size(2))
-    lengths = masks = None
-    if d_lengths is not None:
-        lengths = _gather_rows(_padded_to(d_lengths.to(torch.int32)[:, None], rows, 1), group,
-                               works)[..., 0]
-    if d_mask is not None:
-        masks = _gather_rows(_padded_to(d_mask.bool(), rows, cols), group, works)
-    if not overlap and all(s[1:] == shapes[0][1:] for s in shapes):
-        for work in works:
-            work.wait()
-        flat = lambda x: None if x is None else x.flatten(0, 1)  # noqa: E731
-        return maxsim(Q, flat(gathered), q_mask, flat(masks), q_lengths=q_lengths,
-                      d_lengths=flat(lengths), backend=backend)
-    # The local block needs nothing from the others: it is scored while they arrive.
-    local = maxsim(Q, D, q_mask, d_mask, q_lengths=q_lengths, d_lengths=d_lengths,
-                   backend=backend)
-    for work in works:
-        work.wait()
-    blocks = []
-    for source, (_, n, length) in enumerate(shapes):
-        if source == rank:
-            blocks.append(local)
-            continue
-        blocks.append(maxsim(
-            Q, gathered[source, :n, :length], q_mask,
-            None if masks is None else masks[source, :n, :length], q_lengths=q_lengths,
-            d_lengths=None if lengths is None else lengths[source, :n], backend=backend,
-        ))
-    return torch.cat(blocks, dim=1)
+    # This rank's inputs are checked before any collective: a bad one raises, it does not hang.
+    q, d, _, _ = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths, backend)
+    if q.scale is not None or d.scale is not None:
+        raise ValueError("Q, D: expected float tensors (quantized tokens have no gradient here)")
+    layout = _layout(q, d, group, same_shapes)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    first = sum(p[1] for p in layout.parts[:rank])
+    columns = sum(p[1] for p in layout.parts)
+    targets = _global_targets(targets, q.x.size(0), first, d.x.size(0), columns, q.x.device)
+    share = q.x.size(0) * world / max(sum(p[0] for p in layout.parts), 1)
+    c = _Call(q, d, layout, targets, 1.0 / temperature, share, overlap, group,
+              select_ops(q.x.device, backend))
+    if not (torch.is_grad_enabled() and (q.x.requires_grad or d.x.requires_grad)):
+        loss = _loss_only(c)
+        return loss * share if share != 1.0 else loss
+    return (_OverlappedStep if overlap else _FusedStep).apply(q.x, d.x, c)
 
 
 def _global_targets(targets, nq, first, nd, columns, device):
@@ -158,6 +371,8 @@ def _global_targets(targets, nq, first, nd, columns, device):
     check.require_index("targets", targets, (nq,), device)
     if columns == 0 and nq:
         raise ValueError("D: expected at least one document across the ranks, got none")
+    if check.values_checked(targets):
+        check.check_range("targets", targets, 0, columns - 1, f"a document index in [0, {columns})")
     return targets
 
 
@@ -172,36 +387,45 @@ def retrieve(
     Every rank calls it with the same queries ``Q [Nq, Lq, H]`` and its own ``shard [N_r, Ld, H]``
     (a float tensor or :class:`maxsim.QuantizedTokens`), whose document ``j`` is the corpus's
     document ``offset + j``. ``offset`` None: the shards are the corpus in rank order (rank 0's
-    first), found with one small all-gather of the shard sizes. Each rank scans its shard with
-    :func:`maxsim.retrieve`; one all-gather of every rank's ``top_k`` (score, id) pairs then
-    merges them. Returns scores ``[Nq, top_k]`` fp32 descending and global indices int64.
+    first), found with one small all-gather of the shard sizes (over the host where the group has
+    gloo). Each rank scans its shard with :func:`maxsim.retrieve`; one all-gather of every
+    rank's ``top_k`` (score, id) pairs then merges them, with no host sync unless a shard is
+    smaller than ``top_k``. Returns scores ``[Nq, top_k]`` fp32 descending and global indices
+    int64.
     """
-    world = dist.get_world_size(group)
     top_k = check.integer("top_k", top_k, 0)
     n = shard.size(0)
     if offset is None:
-        sizes = torch.tensor([n], dtype=torch.int64, device=Q.device)
-        every = sizes.new_empty(world)
-        _gather_into(every, sizes, group=group)
-        offset = int(every[: dist.get_rank(group)].sum())
+        sizes = _all_ints((n,), Q.device, group)
+        offset = sum(s[0] for s in sizes[: dist.get_rank(group)])
     offset = check.integer("offset", offset, 0)
     if offset + n > 0xFFFFFFFF:
         raise ValueError(f"offset: the global indices must stay below 2**32, got {offset + n}")
     scores, docs = _retrieve_local(Q, shard, min(top_k, n), q_mask, d_mask,
                                    chunk_size=chunk_size, backend=backend)
-    keys = _rank_keys(scores, docs + offset)
-    missing = top_k - keys.size(1)  # a shard smaller than top_k: empty slots rank last
+    _mark("local_scan")
+    scores, keys = _merge(scores, _rank_keys(scores, docs + offset), top_k, group)
+    _mark("merge")
+    # Only a shard smaller than top_k can leave a slot empty (every rank's then is): the check,
+    # and its host sync, stay on those ranks.
+    if top_k > n and bool((keys[:, -1] == _NO_DOC).any()):
+        raise ValueError(f"top_k: expected at most the corpus's document count, got {top_k}")
+    return scores, _doc_of(keys)
+
+
+def _merge(scores, keys, top_k, group):
+    """The global ``top_k`` of every rank's ``(scores, keys)`` ``[Nq, <= top_k]``: one all-gather
+    of the keys beside the scores' bits, then one top-k. Empty slots rank last (:data:`_NO_DOC`)."""
+    missing = top_k - keys.size(1)
     keys = F.pad(keys, (0, missing), value=_NO_DOC)
     bits = F.pad(scores.view(torch.int32).long(), (0, missing))
-    works = []  # the scores travel as their bits next to the keys: one collective
-    every = _gather_rows(torch.cat([keys, bits], dim=1), group, works)
-    works[0].wait()
+    mine = torch.cat([keys, bits], dim=1)
+    every = mine.new_empty((dist.get_world_size(group), *mine.shape))
+    _gather_into(every.view(-1), mine.view(-1), group=group)
     keys, bits = every.split(top_k, dim=2)
     best, position = torch.topk(keys.permute(1, 0, 2).flatten(1), top_k, dim=1)
-    if top_k and bool((best[:, -1] == _NO_DOC).any()):
-        raise ValueError(f"top_k: expected at most the corpus's document count, got {top_k}")
     scores = bits.permute(1, 0, 2).flatten(1).gather(1, position).int().view(torch.float32)
-    return scores, _doc_of(best)
+    return scores, best
 
 
 __all__ = ["contrastive_loss", "retrieve"]

@@ -21,7 +21,7 @@ The patch wins over PyLate's own `backend=` argument and PYLATE_SCORES_BACKEND.
 
 `Contrastive(gather_across_devices=True)` under torch.distributed runs
 `maxsim.distributed.contrastive_loss` instead of gathering the documents itself: the same loss
-and gradients, with the gather overlapped with the local scores and one reduce-scatter back.
+and gradients, from one all-gather, one fused step and one reduce-scatter back.
 """
 
 from __future__ import annotations
