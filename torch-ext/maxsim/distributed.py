@@ -247,9 +247,14 @@ class _FusedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.grads is None:
+            raise RuntimeError("maxsim.distributed.contrastive_loss: a second backward through the "
+                               "same step is not supported (its gradients are scaled in place)")
         c, (dq, dd, slot) = ctx.call, ctx.grads
+        ctx.grads = None
         factor = grad * c.share if c.share != 1.0 else grad
-        dQ, dD = dq * factor, dd * factor
+        # In place: the step's own buffers, and no fresh 8 MB blocks while NCCL holds the last ones.
+        dQ, dD = dq.mul_(factor), dd.mul_(factor)
         _mark("scale")
         works = []
         mine = _start_return([(dD, slot)], c.layout, dd, c.group, works)
