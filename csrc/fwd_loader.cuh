@@ -13,6 +13,9 @@ struct StageLoader {
   using DElem = typename B::DElem;
   static constexpr int BM = B::BM, BN = B::BN, STAGES = B::STAGES, kThreads = B::kThreads;
   static constexpr bool kWg = B::kWg, kWgT = B::kWgT, kCodes = B::kCodes, kScaled = B::kScaled;
+  // Single-TF32 queries are rounded once, as they are stored (through registers, not cp.async),
+  // instead of in every product.
+  static constexpr bool kRoundedQuery = B::kTf32Products == 1;
 
   B& b;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
@@ -119,14 +122,14 @@ struct StageLoader {
         const Segment g = segment_at(p.q, qi);
         if (t < g.rows) src = b.qg + row_elem(p.q, qi, g.first_row, t) + k * kQc;
       }
-      if constexpr ((!kWg || kWgT) && !kCodes) {
+      if constexpr ((!kWg || kWgT) && !kCodes && !kRoundedQuery) {
         if (async) {
           T* dst = kWg ? q_s + B::swz(r, k, BM) : q_s + r * b.lds() + k * kQc;
           cp_async16(dst, src != nullptr ? src : b.qg, src != nullptr ? 16 : 0);
           continue;
         }
       }
-      const uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
       if constexpr (kWgT && kCodes) {
         // The transposed tile's register operand: a lane converts 4 codes (dims 4i .. 4i+3) per
         // k16 step into its k pairs (2c, 2c+1) and (2c+8, 2c+9), c = lane % 4, taking codes
@@ -144,6 +147,7 @@ struct StageLoader {
       } else if constexpr (kCodes) {
         store_query_chunk_for_codes(q_s + r * b.lds(), k, v);  // the order of the mma loop's codes
       } else {
+        if constexpr (kRoundedQuery) v = make_uint4(tf32_of(v.x), tf32_of(v.y), tf32_of(v.z), tf32_of(v.w));
         *reinterpret_cast<uint4*>(q_s + r * b.lds() + k * kQc) = v;
       }
     }

@@ -16,7 +16,8 @@ struct MmaSyncLoop {
 
   // fp32 rows on the TF32 tensor cores (m16n8k8): ldmatrix reads 16 bytes per row, four fp32
   // values, at the addresses of the 16-bit loop's k16 step; each k8 step's fragments are split
-  // (three products: the remainders' cross terms first, then hi * hi) or rounded (one product).
+  // (three products: the remainders' cross terms first, then hi * hi) or the document's rounded
+  // (one product).
   __device__ __forceinline__ static void product_tf32(const B& b, float (&acc)[MT][NT][4]) {
     const int lane = b.lane, lds = b.lds(), ldd = b.ldd(), kdim = b.kdim();
     const float* a_row = b.q_s + (b.warp_m * B::kWarpRows + (lane % 16)) * lds + (lane / 16) * 4;
@@ -47,14 +48,10 @@ struct MmaSyncLoop {
             mma_1688_tf32(acc[mi][ni], a_hi, b0.hi, b1.hi);
           }
         }
-      } else {
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) a[mi][j] = split_tf32(a[mi][j]).hi;
+      } else {  // the query tile was rounded as it was stored (StageLoader::load_queries)
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni) {
-          const uint32_t b0 = split_tf32(bf[ni / 2][(ni % 2) * 2]).hi, b1 = split_tf32(bf[ni / 2][(ni % 2) * 2 + 1]).hi;
+          const uint32_t b0 = tf32_of(bf[ni / 2][(ni % 2) * 2]), b1 = tf32_of(bf[ni / 2][(ni % 2) * 2 + 1]);
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi) mma_1688_tf32(acc[mi][ni], a[mi], b0, b1);
         }

@@ -91,19 +91,24 @@ __device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)
 #endif
 }
 
-// fp32 bits rounded to TF32 (nearest, ties away from zero: what cvt.rna.tf32 does, in two integer
-// ops instead of its four). Finite values only: the add may carry into the exponent (the largest
-// values round to Inf, as they should) or wrap a NaN with a full payload, so callers keep Inf and
-// NaN themselves.
+// fp32 bits rounded to TF32 (nearest, ties away from zero, as cvt.rna.tf32 does, in two integer
+// ops instead of its four): Inf stays Inf, the few finite values within 2^-12 of the largest
+// round to Inf, and a NaN whose payload fills the top mantissa bits (0x7fffffff, what CUDA's own
+// arithmetic makes) wraps to a zero, so callers keep NaN themselves.
 __device__ __forceinline__ uint32_t round_tf32(uint32_t x) { return (x + 0x1000u) & 0xffffe000u; }
+
+// x rounded to TF32, NaN kept: the operand of the single-TF32 products.
+__device__ __forceinline__ uint32_t tf32_of(uint32_t x) {
+  const float f = __uint_as_float(x);
+  return f == f ? round_tf32(x) : x;
+}
 
 // An fp32 value as the operands of split-TF32 products, x = hi + lo: a * b ~ a.hi * b.hi +
 // a.cross * b.lo + a.lo * b.cross, within about 2^-21 |a| |b| per product. `hi` is x rounded to
-// TF32 (Inf and NaN unchanged); `lo` the exact remainder (its low 13 bits ignored by the mma);
-// `cross` stands for hi in the two cross terms. For Inf or NaN, cross and lo are 0, so that only
-// hi * hi carries it and the products follow fp32 (an Inf times a value whose remainder is 0
-// must not give NaN); so for the few finite values that would round to Inf (hi is then x, which
-// the mma truncates).
+// TF32, `lo` the exact remainder (its low 13 bits ignored by the mma), `cross` stands for hi in
+// the cross terms. For Inf (or a value rounding to it) cross and lo are 0, so that only hi * hi
+// carries it: an Inf times a zero remainder must not give NaN. For NaN, lo is NaN and carries it
+// through a.lo * b.cross whatever the rounding made of hi.
 struct SplitTf32x {
   uint32_t hi, cross, lo;
 };
@@ -111,8 +116,8 @@ __device__ __forceinline__ SplitTf32x split_tf32(uint32_t x) {
   const float f = __uint_as_float(x);
   const uint32_t r = round_tf32(x);
   const float lo = f - __uint_as_float(r);
-  const bool finite = fabsf(f) < __uint_as_float(0x7f7ff000u);  // rounds to a finite TF32
-  return {finite ? r : x, finite ? r : 0u, finite ? __float_as_uint(lo) : 0u};
+  const bool inf = fabsf(f) >= __uint_as_float(0x7f7ff000u);  // false for NaN
+  return {r, inf ? 0u : r, inf ? 0u : __float_as_uint(lo)};
 }
 
 // ---- Hopper warpgroup MMA (sm_90a): operands read from shared memory through descriptors.
