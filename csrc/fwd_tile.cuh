@@ -27,7 +27,7 @@ struct Shape {
 
 // fp32 rows on the TF32 tensor cores (queries and documents float, T = float): SplitTf32 keeps
 // fp32 accuracy with three products per pair of split operands (mma.cuh, split_tf32), RoundTf32
-// is one product of operands rounded to TF32 (opt-in, about 1e-3 relative).
+// is one product of operands rounded to TF32 (opt-in; each within 2^-11 relative).
 struct SplitTf32 {};
 struct RoundTf32 {};
 template <typename DT>
