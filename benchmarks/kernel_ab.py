@@ -50,6 +50,13 @@ CASES = {
     "train_medium_fwd": ("fp16", (64, 32), (64, 128), ALL, 0, True, None),
     "fp32_allpairs": ("fp32", (128, 32), (256, 180), ALL, 0, True, None),
     "fp32_rerank": ("fp32", (32, 32), (1600, 180), GROUPED, 50, False, None),
+    # the bench's fp32 rows (scores only); their _len forms draw the lengths as the bench does
+    "allpairs_fp32": ("fp32", (128, 32), (256, 180), ALL, 0, False, None),
+    "rerank_fp32": ("fp32", (32, 32), (1600, 180), GROUPED, 50, False, None),
+    # fp32 calls at the planner's CUDA-core / tensor-core threshold (2^24 multiply-adds) and a
+    # small training forward above it
+    "fp32_threshold": ("fp32", (4, 32), (16, 64), ALL, 0, False, None),
+    "fp32_train_small": ("fp32", (32, 32), (32, 80), ALL, 0, True, None),
     "rerank_heavy_int8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "int8"),
     "rerank_colpali_int8": ("fp16", (8, 32), (800, 1024), GROUPED, 100, False, "int8"),
     "rerank_heavy_fp8": ("fp16", (32, 32), (3200, 256), GROUPED, 100, False, "fp8"),
@@ -83,6 +90,11 @@ RAGGED = {"rerank_len": "rerank", "rerank_heavy_len": "rerank_heavy",
           "corpus_fp8_len": "corpus_fp8",
           "corpus_len": "corpus", "allpairs_large_len": "allpairs_large",
           "train_colpali_fwd_len": "train_colpali_fwd"}
+RAGGED.update({"allpairs_fp32_len": "allpairs_fp32", "rerank_fp32_len": "rerank_fp32"})
+# fp32 cases with single-TF32 products (the op's tf32 argument; a tree that ignores it times its
+# exact path): name: the case it repeats.
+TF32 = {f"{name}_tf32": name for name in ("fp32_allpairs", "allpairs_fp32", "allpairs_fp32_len",
+                                           "rerank_fp32", "rerank_fp32_len", "fp32_threshold")}
 # Ragged documents described by a mask instead, with holes as PyLate's punctuation skiplist makes
 # (about one token in ten): the kernel reads the mask bytes of every tile.
 MASKED = {"rerank_heavy_mask": "rerank_heavy", "rerank_heavy_int8_mask": "rerank_heavy_int8"}
@@ -169,7 +181,8 @@ def spot_error(scores, Q, D, layout, group, valid=None) -> float:
     return float((got.double() - ref).norm() / ref.norm())
 
 
-def run_case(ops, name: str, reps: int, replays: int) -> dict:
+def run_case(ops, case: str, reps: int, replays: int) -> dict:
+    name, tf32 = TF32.get(case, case), case in TF32
     base = RAGGED.get(name) or MASKED.get(name) or name
     dtype, (nq, lq), (nd, ld), layout, group, argmax, codes = CASES[base]
     torch.manual_seed(0)
@@ -186,7 +199,7 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
         D = tokens(nd, ld, dtype)
         next_d, reps = cold_copies(D, reps)
         def call():
-            return ops.fwd(Q, next_d(), *rest, False)
+            return ops.fwd(Q, next_d(), *rest, tf32)
         dense = D
     else:
         q_scale = None
@@ -206,7 +219,7 @@ def run_case(ops, name: str, reps: int, replays: int) -> dict:
         n = max(8, 2 * group)
         dense = D[:n].float() * scale[:n, :, None]
     err = spot_error(call()[0], Q, dense, layout, group, valid)
-    return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
+    return {"case": case, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
 
 
 def run_varlen(ops, name: str, reps: int, replays: int) -> dict:
@@ -273,8 +286,10 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=5, help="graph replays (median)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else [*CASES, *RAGGED, *MASKED, *VARLEN, *STEPS]
+    names = args.only.split(",") if args.only else [*CASES, *RAGGED, *MASKED, *TF32, *VARLEN,
+                                                     *STEPS]
     known = {**CASES, **{n: CASES[c] for n, c in {**RAGGED, **MASKED}.items()}, **VARLEN, **STEPS}
+    known.update({n: (*known[c][:-1], "tf32") for n, c in TF32.items()})
     unknown = [n for n in names if n not in known]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(known)}")

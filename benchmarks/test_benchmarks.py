@@ -232,6 +232,9 @@ def test_kernel_ab_cases_are_well_formed():
         assert min(nq, lq, nd, ld) > 0, name
     for name, base in {**kernel_ab.RAGGED, **kernel_ab.MASKED}.items():
         assert base in kernel_ab.CASES and name not in kernel_ab.CASES, name
+    for name, base in kernel_ab.TF32.items():
+        case = kernel_ab.CASES[kernel_ab.RAGGED.get(base, base)]
+        assert case[0] == "fp32" and case[-1] is None and name not in kernel_ab.CASES, name
     for name, (dtype, nq, (q_lo, q_hi), k, (d_lo, d_hi)) in kernel_ab.VARLEN.items():
         assert dtype in kernel_ab.DTYPES and min(nq, k, q_lo, d_lo) > 0, name
         assert q_lo <= q_hi and d_lo <= d_hi and name not in kernel_ab.CASES, name

@@ -117,10 +117,12 @@ int num_items(const FwdParams& p) {
   }
 }
 
-// Calls f with the tag of the document storage that p.codes names.
+// Calls f with the tag of the document storage that p.codes names (fp32 rows: how their TF32
+// products are taken, p.tf32).
 template <typename F>
-auto with_storage(Codes codes, F&& f) {
-  switch (codes) {
+auto with_storage(const FwdParams& p, DType dtype, F&& f) {
+  if (dtype == DType::kF32) return p.tf32 ? f(RoundTf32{}) : f(SplitTf32{});
+  switch (p.codes) {
     case Codes::kInt8: return f(Int8Codes{});
     case Codes::kE4m3: return f(E4m3Codes{});
     case Codes::kInt8x8: return f(Int8x8{});
@@ -129,11 +131,11 @@ auto with_storage(Codes codes, F&& f) {
 }
 
 int resident(Tile tile, const FwdParams& p, DType dtype) {
-  return with_storage(p.codes, [&](auto s) { return storage_resident<decltype(s)>(tile, p, dtype); });
+  return with_storage(p, dtype, [&](auto s) { return storage_resident<decltype(s)>(tile, p, dtype); });
 }
 
 size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
-  return with_storage(p.codes, [&](auto s) { return storage_smem<decltype(s)>(tile, p, dtype); });
+  return with_storage(p, dtype, [&](auto s) { return storage_smem<decltype(s)>(tile, p, dtype); });
 }
 
 // The tile that fits the device's shared memory per block: the 128-row tile takes 108 KB at
@@ -161,12 +163,25 @@ bool byte_rows(const FwdParams& p) { return p.codes == Codes::kInt8 || p.codes =
 // The tiles whose blocks own 128 query rows: compute-bound, sized by waves of blocks.
 bool block_tile(Tile t) { return t == Tile::kMmaBlock || t == Tile::kWgmmaBlock || t == Tile::kWgmmaCodes; }
 
-// Whether the tensor cores take the call: 16-bit queries on sm_80+, 16-byte rows of at most 256
-// dims (codes: whole 16-byte copies of 16 dims).
+// Multiply-adds of a call (query rows x document rows x dim over its pairs), for the fp32 rule.
+double multiply_adds(const FwdParams& p) {
+  const double doc_rows = double(p.d.rows) / std::max(1, p.d.count);  // per document, on average
+  return double(p.pairs.num_pairs) * std::max(1, query_rows(p)) * doc_rows * p.dim;
+}
+
+// fp32 calls below this many multiply-adds stay on the CUDA cores: both kernels are then bound by
+// their start, and the CUDA-core blocks start sooner.
+constexpr double kFp32TensorCoreMacs = double(1 << 24);
+
+// Whether the tensor cores take the call: sm_80+, 16-byte rows of at most 256 dims (codes: whole
+// 16-byte copies of 16 dims; fp32: four).
 bool tensor_cores_take(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
+  if (dtype == DType::kF32)
+    return dev.sm >= 80 && p.dim % 4 == 0 && p.dim <= 256 && aligned16(p.q, 4) &&
+           aligned16(p.d, 4);
   const bool bytes = byte_rows(p);
-  return dtype != DType::kF32 && dev.sm >= 80 && p.dim % (bytes ? 16 : 8) == 0 && p.dim <= 256 &&
-         aligned16(p.q) && aligned16(p.d, bytes ? 16 : 8);
+  return dev.sm >= 80 && p.dim % (bytes ? 16 : 8) == 0 && p.dim <= 256 && aligned16(p.q) &&
+         aligned16(p.d, bytes ? 16 : 8);
 }
 
 // The mma.sync tile by query rows (lq), and how many short queries share its rows.
@@ -185,7 +200,7 @@ Tile row_tile(const FwdParams& p, int lq, int& qpb) {
 
 // Hopper's form of an mma.sync tile, where its shared memory fits.
 Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype, const DeviceInfo& dev) {
-  if (dev.sm != 90) return tile;
+  if (dev.sm != 90 || dtype == DType::kF32) return tile;  // fp32 rows: the mma.sync tiles only
   const bool bytes = byte_rows(p);
   if (tile == Tile::kMmaBlock) {
     // wgmma needs whole 64-dim swizzle atoms (at most two) and a query tile that stays (not
@@ -247,6 +262,8 @@ void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& de
 Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   Plan plan;
   if (!tensor_cores_take(p, dtype, dev)) return plan;
+  // fp32: split TF32 (or TF32 where asked) past a tiny call, which stays on the CUDA cores.
+  if (dtype == DType::kF32 && multiply_adds(p) < kFp32TensorCoreMacs) return plan;
   const int lq = std::max(1, query_rows(p));
   plan.tile = fitting_tile(row_tile(p, lq, plan.grid.qpb), p, dtype, dev);
   if (plan.tile == Tile::kSimt) return Plan{};
@@ -339,7 +356,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       tc.d.lengths = extent;
     }
     if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype);
-    with_storage(p.codes, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
+    with_storage(p, dtype, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
   }
   if (plan.grid.m_tiles > 1) {
     const int n = p.pairs.num_pairs;

@@ -90,7 +90,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   __device__ __forceinline__ int lds() const { return Cfg::ldq(dim()); }
   __device__ __forceinline__ int ldd() const { return Cfg::ldd(dim()); }
   // 16-byte query chunks per row (the tail past `dim` is zero-filled), and per document row.
-  __device__ __forceinline__ int chunks() const { return kdim() / 8; }
+  __device__ __forceinline__ int chunks() const { return kdim() / Cfg::kQChunk; }
   __device__ __forceinline__ int d_chunks() const { return kdim() / Cfg::kChunkElems; }
 
   // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows: K-major in 64-dim

@@ -69,6 +69,7 @@ void launch_tc(const FwdParams& p, const Plan& plan, cudaStream_t stream) {
 template <typename F>
 void with_type(DType dtype, F&& f) {
   if (dtype == DType::kBF16) f(__nv_bfloat16{});
+  else if (dtype == DType::kF32) f(float{});
   else f(__half{});
 }
 
@@ -93,8 +94,10 @@ void with_tile(Tile tile, F&& f) {
 template <typename DT, typename F>
 void with_instance(Tile tile, DType dtype, F&& f) {
   with_type(dtype, [&](auto type_tag) {
+    // A named type: nvcc's front end misreads decltype of the captured tag in `if constexpr`.
+    using T = decltype(type_tag);
     with_tile(tile, [&](auto tile_tag) {
-      if constexpr (kInstanceOf<decltype(tile_tag)::value, DT, decltype(type_tag)>) f(type_tag, tile_tag);
+      if constexpr (kInstanceOf<decltype(tile_tag)::value, DT, T>) f(type_tag, tile_tag);
     });
   });
 }
@@ -153,7 +156,8 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
   });
 }
 
-// Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu, fwd_int8x8.cu).
+// Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu, fwd_int8x8.cu,
+// fwd_tf32_split.cu, fwd_tf32_round.cu).
 #define MAXSIM_CODE_STORAGE(EXTERN, DT)                                                      \
   EXTERN template int storage_resident<DT>(Tile, const FwdParams&, DType);                  \
   EXTERN template size_t storage_smem<DT>(Tile, const FwdParams&, DType);                    \
@@ -161,6 +165,8 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
 MAXSIM_CODE_STORAGE(extern, Int8Codes)
 MAXSIM_CODE_STORAGE(extern, E4m3Codes)
 MAXSIM_CODE_STORAGE(extern, Int8x8)
+MAXSIM_CODE_STORAGE(extern, SplitTf32)
+MAXSIM_CODE_STORAGE(extern, RoundTf32)
 
 }  // namespace fwd_detail
 }  // namespace maxsim

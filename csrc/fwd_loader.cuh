@@ -13,6 +13,9 @@ struct StageLoader {
   using DElem = typename B::DElem;
   static constexpr int BM = B::BM, BN = B::BN, STAGES = B::STAGES, kThreads = B::kThreads;
   static constexpr bool kWg = B::kWg, kWgT = B::kWgT, kCodes = B::kCodes, kScaled = B::kScaled;
+  // Single-TF32 queries are rounded once, as they are stored (through registers, not cp.async),
+  // instead of in every product.
+  static constexpr bool kRoundedQuery = B::kTf32Products == 1;
 
   B& b;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
@@ -34,7 +37,7 @@ struct StageLoader {
   int mask_stage = -1;
 
   __device__ __forceinline__ explicit StageLoader(B& blk)
-      : b(blk), chunks_p2(blk.d_chunks() <= 8 ? 8 : blk.d_chunks() <= 16 ? 16 : 32),
+      : b(blk), chunks_p2(blk.d_chunks() <= 8 ? 8 : blk.d_chunks() <= 16 ? 16 : blk.d_chunks() <= 32 ? 32 : 64),
         my_chunk(blk.tid % chunks_p2), row_step(kThreads / chunks_p2),
         copies(my_chunk < blk.d_chunks()), early((!kWg || kWgT) && blk.p.d.offsets == nullptr) {}
 
@@ -110,22 +113,23 @@ struct StageLoader {
   __device__ __forceinline__ void load_queries(int qfirst, bool async) {
     const FwdParams& p = b.p;
     T* q_s = b.q_s;
+    constexpr int kQc = B::kQChunk;  // elements per 16-byte chunk: 8, or 4 of fp32
     for (int c = b.tid; c < BM * b.chunks(); c += kThreads) {
       const int r = c / b.chunks(), k = c % b.chunks();
       const int ql = r / b.rpq, t = b.t0 + r % b.rpq, qi = qfirst + ql;
-      const T* src = nullptr;  // this chunk's 8 elements, or none (zeros)
-      if (ql < b.grid.qpb && index_below(qi, b.num_q) && k * 8 < b.dim()) {
+      const T* src = nullptr;  // this chunk's elements, or none (zeros)
+      if (ql < b.grid.qpb && index_below(qi, b.num_q) && k * kQc < b.dim()) {
         const Segment g = segment_at(p.q, qi);
-        if (t < g.rows) src = b.qg + row_elem(p.q, qi, g.first_row, t) + k * 8;
+        if (t < g.rows) src = b.qg + row_elem(p.q, qi, g.first_row, t) + k * kQc;
       }
-      if constexpr ((!kWg || kWgT) && !kCodes) {
+      if constexpr ((!kWg || kWgT) && !kCodes && !kRoundedQuery) {
         if (async) {
-          T* dst = kWg ? q_s + B::swz(r, k, BM) : q_s + r * b.lds() + k * 8;
+          T* dst = kWg ? q_s + B::swz(r, k, BM) : q_s + r * b.lds() + k * kQc;
           cp_async16(dst, src != nullptr ? src : b.qg, src != nullptr ? 16 : 0);
           continue;
         }
       }
-      const uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
       if constexpr (kWgT && kCodes) {
         // The transposed tile's register operand: a lane converts 4 codes (dims 4i .. 4i+3) per
         // k16 step into its k pairs (2c, 2c+1) and (2c+8, 2c+9), c = lane % 4, taking codes
@@ -143,7 +147,8 @@ struct StageLoader {
       } else if constexpr (kCodes) {
         store_query_chunk_for_codes(q_s + r * b.lds(), k, v);  // the order of the mma loop's codes
       } else {
-        *reinterpret_cast<uint4*>(q_s + r * b.lds() + k * 8) = v;
+        if constexpr (kRoundedQuery) v = make_uint4(tf32_of(v.x), tf32_of(v.y), tf32_of(v.z), tf32_of(v.w));
+        *reinterpret_cast<uint4*>(q_s + r * b.lds() + k * kQc) = v;
       }
     }
   }

@@ -25,6 +25,14 @@ struct Shape {
   static constexpr int min_blocks(bool argmax) { return argmax ? kBlocksArgmax_ : kBlocks_; }
 };
 
+// fp32 rows on the TF32 tensor cores (queries and documents float, T = float): SplitTf32 keeps
+// fp32 accuracy with three products per pair of split operands (mma.cuh, split_tf32), RoundTf32
+// is one product of operands rounded to TF32 (opt-in; each within 2^-11 relative).
+struct SplitTf32 {};
+struct RoundTf32 {};
+template <typename DT>
+constexpr bool kIsTf32 = std::is_same_v<DT, SplitTf32> || std::is_same_v<DT, RoundTf32>;
+
 // Documents with one scale per token (8-bit codes, int8 pairs) stage half the bytes per tile.
 template <typename DT>
 constexpr bool kHalfBytes = kIsScaled<DT>;
@@ -35,20 +43,25 @@ struct TileShape;
 // One short query (Lq <= 32) against streamed documents, the memory-bound case: two stages leave
 // room for five blocks per SM, which hide load latency better than three of three stages. 8-bit
 // tiles: three stages, five blocks (the streaming loop is latency-bound; extra warps hide it).
+// fp32 rows: two stages, two blocks per SM (85 KB at D = 128, within sm_86's 99 KB).
 template <typename DT>
 struct TileShape<Tile::kMmaStream, DT>
-    : Shape<32, 64, 1, 4, kHalfBytes<DT> ? 3 : 2, MainLoop::kMmaSync, kHalfBytes<DT> ? 5 : 1> {};
+    : Shape<32, 64, 1, 4, kHalfBytes<DT> ? 3 : 2, MainLoop::kMmaSync,
+            kHalfBytes<DT> ? 5 : kIsTf32<DT> ? 2 : 1> {};
 
-// Queries of 33..64 rows, or row slices of long queries (D > 128).
+// Queries of 33..64 rows, or row slices of long queries (D > 128). fp32 rows: two stages (101 KB
+// at D = 128, within sm_80's 163 KB).
 template <typename DT>
 struct TileShape<Tile::kMmaSplit, DT>
-    : Shape<64, 64, 2, 2, kHalfBytes<DT> ? 3 : 4, MainLoop::kMmaSync, 1> {};
+    : Shape<64, 64, 2, 2, kIsTf32<DT> ? 2 : kHalfBytes<DT> ? 3 : 4, MainLoop::kMmaSync, 1> {};
 
 // Long queries or several short ones of an all-pairs batch, the compute-bound case: a 64 x 32 warp
 // tile keeps ldmatrix traffic per mma low; two blocks per SM hide the barrier and load latency.
+// fp32 rows: one block per SM (203 KB at D = 128: Hopper only, smaller GPUs step down), whose
+// registers hold the split operands.
 template <typename DT>
 struct TileShape<Tile::kMmaBlock, DT>
-    : Shape<128, 128, 2, 4, kHalfBytes<DT> ? 3 : 2, MainLoop::kMmaSync, 2> {};
+    : Shape<128, 128, 2, 4, kHalfBytes<DT> ? 3 : 2, MainLoop::kMmaSync, kIsTf32<DT> ? 1 : 2> {};
 
 // kMmaBlock's work on wgmma, two warpgroups of 64 rows x 128 columns over 128-byte-swizzled tiles
 // (16-bit rows; int8 pairs on the integer wgmma): two blocks of two stages per SM, so that one
@@ -82,9 +95,12 @@ struct TileShape<Tile::kMmaCodeStream, DT> : Shape<32, 128, 1, 4, 2, MainLoop::k
 
 // Which (tile, storage, query dtype) instances exist: the transposed 32-row tiles take 16-bit
 // documents only, kWgmmaCodes and kMmaCodeStream 8-bit codes only, kWgmmaBlock 16-bit rows, and
-// int8 x int8 rows are fp16 pairs of codes (no bf16 instance).
+// int8 x int8 rows are fp16 pairs of codes (no bf16 instance); fp32 rows (float queries, TF32
+// products) take the three mma.sync tiles only.
 template <Tile kTile, typename DT, typename T>
 constexpr bool kInstanceOf =
+    kIsTf32<DT> == std::is_same_v<T, float> &&
+    (!kIsTf32<DT> || kTile == Tile::kMmaStream || kTile == Tile::kMmaSplit || kTile == Tile::kMmaBlock) &&
     (kTile != Tile::kWgmmaStream || std::is_same_v<DT, Plain>) &&
     (kTile != Tile::kWgmmaDeepStream || std::is_same_v<DT, Plain>) &&
     (kTile != Tile::kWgmmaCodes || kIsCodes<DT>) &&
@@ -104,10 +120,15 @@ struct TileConfig : TileShape<kTile, DT> {
   using S::BM, S::BN, S::WM, S::WN, S::STAGES;
   static constexpr bool kCodes = kIsCodes<DT>;
   static constexpr bool kScaled = kIsScaled<DT>, kIntDot = std::is_same_v<DT, Int8x8>;
+  static constexpr bool kTf32 = kIsTf32<DT>;
+  // TF32 products per operand pair: 3 for split operands, 1 for rounded ones, 0 without TF32.
+  static constexpr int kTf32Products = std::is_same_v<DT, SplitTf32> ? 3 : kTf32 ? 1 : 0;
   using DElem = std::conditional_t<kCodes, uint8_t, T>;  // what a document row is made of
   static constexpr int kChunkElems = 16 / sizeof(DElem);  // per 16-byte copy
-  // k step of one operand load: codes come 8 bytes per lane, which feeds two k16 mmas.
-  static constexpr int kKStep = kCodes ? 32 : 16;
+  static constexpr int kQChunk = 16 / sizeof(T);          // query elements per 16-byte copy
+  // k step of one operand load: codes come 8 bytes per lane, which feeds two k16 mmas; 16-bit
+  // and fp32 rows 32 bytes (a k16 or two k8 mmas).
+  static constexpr int kKStep = kCodes ? 32 : 32 / int(sizeof(T));
   static constexpr int kThreads = WM * WN * 32;
   static constexpr int kWarpRows = BM / WM, kWarpCols = BN / WN;
   static constexpr int MT = kWarpRows / 16, NT = kWarpCols / 8;
@@ -119,8 +140,8 @@ struct TileConfig : TileShape<kTile, DT> {
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 
   __host__ __device__ static int kdim(int dim) { return (dim + kKStep - 1) / kKStep * kKStep; }
-  // +8 halves: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
-  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kSwizzled ? 0 : 8); }
+  // +16 bytes: conflict-free ldmatrix. The wgmma tiles are swizzled instead, so not padded.
+  __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kSwizzled ? 0 : kQChunk); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
   // The transposed tile's register operand loads 16 bytes per lane: unpadded rows whose 16-byte
   // chunks are XOR-swizzled instead (TileBlock::code_chunk).

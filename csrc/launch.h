@@ -8,7 +8,7 @@ namespace maxsim {
 
 // What the forward runs, named by mechanism (shapes and why: fwd_tile.cuh; the choice: fwd.cu).
 enum class Tile {
-  kSimt,             // CUDA cores: fp32, or where no tensor-core tile applies (fwd_simt.cuh)
+  kSimt,             // CUDA cores: tiny fp32 calls, or where no tensor-core tile applies (fwd_simt.cuh)
   kMmaStream,        // mma.sync, 1 x 4 warps over one short query, documents streamed
   kMmaSplit,         // mma.sync, 2 x 2 warps over 64 query rows
   kMmaBlock,         // mma.sync, 2 x 4 warps over 128 query rows x 128 tokens
@@ -33,7 +33,8 @@ struct FwdPlan {
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
 // Dynamic shared memory per block of a plan's tensor-core tile (0 for the CUDA-core kernel).
 size_t plan_smem(const FwdParams& p, const FwdPlan& plan, DType dtype);
-// fp32 inputs always take the exact fp32 path. Documents stored as 8-bit codes (p.codes) need a
+// fp32 inputs take split-TF32 tiles (fp32 accuracy; p.tf32: one TF32 product) or, for tiny calls
+// and where no tile applies, the CUDA-core kernel. Documents stored as 8-bit codes (p.codes) need a
 // tensor-core plan (sm_80+, fp16 / bf16 queries, dim a multiple of 16 up to 256, 16-byte rows).
 void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,
                 cudaStream_t stream);

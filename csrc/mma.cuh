@@ -9,6 +9,7 @@ namespace maxsim {
 template <typename T> struct MmaType;
 template <> struct MmaType<__half> { static constexpr bool kBf16 = false; };
 template <> struct MmaType<__nv_bfloat16> { static constexpr bool kBf16 = true; };
+template <> struct MmaType<float> { static constexpr bool kBf16 = false; };  // TF32 products
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -74,6 +75,49 @@ __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4]
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// D += A(16x8, row) * B(8x8, col) on TF32 operands (fp32 registers whose low 13 mantissa bits
+// the tensor core ignores), fp32 accumulators. Fragments hold one value per register in the
+// places of mma_16816's 16-bit pairs, so the same ldmatrix addresses (16 bytes per row) serve.
+__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// fp32 bits rounded to TF32 (nearest, ties away from zero, as cvt.rna.tf32 does, in two integer
+// ops instead of its four): Inf stays Inf, the few finite values within 2^-12 of the largest
+// round to Inf, and a NaN whose payload fills the top mantissa bits (0x7fffffff, what CUDA's own
+// arithmetic makes) wraps to a zero, so callers keep NaN themselves.
+__device__ __forceinline__ uint32_t round_tf32(uint32_t x) { return (x + 0x1000u) & 0xffffe000u; }
+
+// x rounded to TF32, NaN kept: the operand of the single-TF32 products.
+__device__ __forceinline__ uint32_t tf32_of(uint32_t x) {
+  const float f = __uint_as_float(x);
+  return f == f ? round_tf32(x) : x;
+}
+
+// An fp32 value as the operands of split-TF32 products, x = hi + lo: a * b ~ a.hi * b.hi +
+// a.cross * b.lo + a.lo * b.cross, within about 2^-21 |a| |b| per product. `hi` is x rounded to
+// TF32, `lo` the exact remainder (its low 13 bits ignored by the mma), `cross` stands for hi in
+// the cross terms. For Inf (or a value rounding to it) cross and lo are 0, so that only hi * hi
+// carries it: an Inf times a zero remainder must not give NaN. For NaN, lo is NaN and carries it
+// through a.lo * b.cross whatever the rounding made of hi.
+struct SplitTf32x {
+  uint32_t hi, cross, lo;
+};
+__device__ __forceinline__ SplitTf32x split_tf32(uint32_t x) {
+  const float f = __uint_as_float(x);
+  const uint32_t r = round_tf32(x);
+  const float lo = f - __uint_as_float(r);
+  const bool inf = fabsf(f) >= __uint_as_float(0x7f7ff000u);  // false for NaN
+  return {r, inf ? 0u : r, inf ? 0u : __float_as_uint(lo)};
 }
 
 // ---- Hopper warpgroup MMA (sm_90a): operands read from shared memory through descriptors.

@@ -4,7 +4,7 @@
 // queries fail and the planner falls back to one resident block).
 //
 //   nvcc -std=c++17 -I csrc scripts/plan_check.cu csrc/fwd.cu csrc/fwd_codes_int8.cu \
-//        csrc/fwd_codes_e4m3.cu csrc/fwd_int8x8.cu -gencode=arch=compute_80,code=compute_80 -o build/plan_check
+//        csrc/fwd_codes_e4m3.cu csrc/fwd_int8x8.cu csrc/fwd_tf32_split.cu csrc/fwd_tf32_round.cu -gencode=arch=compute_80,code=compute_80 -o build/plan_check
 #include <cstdio>
 #include "launch.h"
 
@@ -82,6 +82,9 @@ int main() {
       {"fp8_corpus", kAllPairs, 16, 32, 10000, 1024, 128, Codes::kE4m3},
       {"int8_heavy", kGrouped, 32, 32, 3200, 256, 128, Codes::kInt8},
       {"int8_dim64", kGrouped, 8, 32, 800, 1024, 64, Codes::kInt8},
+      {"fp32_allpairs", kAllPairs, 128, 32, 256, 180, 128, Codes::kNone},
+      {"fp32_rerank", kGrouped, 32, 32, 1600, 180, 128, Codes::kNone},
+      {"tiny", kAllPairs, 1, 32, 8, 32, 128, Codes::kNone},
   };
   // Opt-in shared memory per block: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90 227 KB.
   const DeviceInfo devices[] = {{80, 108, 166912}, {86, 84, 101376}, {89, 128, 101376}, {90, 132, 232448}};
@@ -93,16 +96,20 @@ int main() {
   };
   for (const DeviceInfo& dev : devices) {
     for (const Case& c : cases) {
-      const FwdParams p = params(c);
-      for (DType dt : {DType::kF16, DType::kBF16}) {
+      FwdParams p = params(c);
+      for (int mode = 0; mode < 4; ++mode) {  // fp16, bf16, fp32 (split TF32), fp32 (TF32)
+        const DType dt = mode == 0 ? DType::kF16 : mode == 1 ? DType::kBF16 : DType::kF32;
+        if (dt == DType::kF32 && c.codes != Codes::kNone) continue;
+        p.tf32 = mode == 3;
         const FwdPlan plan = plan_fwd(p, dt, dev);
         const size_t smem = plan_smem(p, plan, dt);
         expect(smem <= size_t(dev.max_smem), "tile exceeds the shared memory per block", dev, c, plan.tile);
         expect(plan.tile == Tile::kSimt || plan.blocks > 0, "no blocks", dev, c, plan.tile);
         expect(c.codes == Codes::kNone || plan.tile != Tile::kSimt, "8-bit documents without a tile", dev, c, plan.tile);
-        if (dev.sm != 90) expect(!hopper_only(plan.tile), "Hopper-only tile", dev, c, plan.tile);
-        if (dt == DType::kF16)
-          std::printf("sm_%d %-15s -> %-12s %6zu B smem, %d blocks\n", dev.sm, c.name, tile_name(plan.tile), smem, plan.blocks);
+        if (dev.sm != 90 || dt == DType::kF32) expect(!hopper_only(plan.tile), "Hopper-only tile", dev, c, plan.tile);
+        if (mode == 0 || mode == 2)
+          std::printf("sm_%d %-15s %s -> %-12s %6zu B smem, %d blocks\n", dev.sm, c.name,
+                      mode == 0 ? "fp16" : "fp32", tile_name(plan.tile), smem, plan.blocks);
       }
     }
   }
@@ -115,6 +122,16 @@ int main() {
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);
+  }
+  // fp32: the compute-bound and streaming TF32 tiles on every GPU where they fit; tiny calls on
+  // the CUDA cores.
+  const struct { int at; Tile h100, sm86; } fp32[] = {
+      {14, Tile::kMmaBlock, Tile::kMmaStream}, {15, Tile::kMmaStream, Tile::kMmaStream}, {16, Tile::kSimt, Tile::kSimt}};
+  for (const auto& w : fp32) {
+    const Tile on_h100 = plan_fwd(params(cases[w.at]), DType::kF32, h100).tile;
+    const Tile on_sm86 = plan_fwd(params(cases[w.at]), DType::kF32, devices[1]).tile;
+    expect(on_h100 == w.h100, "fp32: not the planned tile", h100, cases[w.at], on_h100);
+    expect(on_sm86 == w.sm86, "fp32: not the planned tile", devices[1], cases[w.at], on_sm86);
   }
   std::printf("plan check: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;

@@ -215,7 +215,6 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
                                const OptTensor& d_mask, const OptTensor& pair_q,
                                const OptTensor& pair_d, int64_t layout, int64_t group,
                                int64_t max_lq, bool with_argmax, bool tf32) {
-  (void)tf32;  // fp32 always takes the exact path
   check_pair(q_in, d_in);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const Tensor q = q_in.contiguous(), d = d_in.contiguous();
@@ -223,6 +222,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
   std::vector<int64_t> shape;
   fill_fwd(p, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
            layout, group, max_lq, shape);
+  p.tf32 = tf32;  // fp32 rows: one TF32 product instead of the split three
   return run_fwd(p, q, dtype_of(q), shape, max_lq, with_argmax);
 }
 

@@ -15,6 +15,7 @@ import torch
 from ._ops import load_cpu_ops, load_cuda_ops
 from .metal import load_metal_ops
 from .registry import register_fakes, torch_ops
+from .settings import fp32_on_tf32
 from .validation import TokenSet
 
 BACKENDS = ("auto", "cuda", "cpu", "metal", "torch")
@@ -148,6 +149,7 @@ def forward(
         return ops.fwd_scaled(
             q.x, q.scale, d.x, d.scale, *sets, layout, group, max_lq, want_argmax
         )
+    tf32 = q.x.dtype == torch.float32 and q.x.is_cuda and fp32_on_tf32()
     return ops.fwd(
-        q.x, d.x, *sets, layout, group, max_lq, want_argmax or needs_grad(q.x, d.x), False
+        q.x, d.x, *sets, layout, group, max_lq, want_argmax or needs_grad(q.x, d.x), tf32
     )

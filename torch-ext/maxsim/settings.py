@@ -30,3 +30,25 @@ def memory_budget_bytes() -> int:
     if megabytes <= 0:
         raise ValueError(f"MAXSIM_TORCH_MEMORY_MB: expected a positive number, got {raw!r}")
     return int(megabytes * 2**20)
+
+
+@torch.compiler.assume_constant_result  # read once when torch.compile traces a call
+def fp32_on_tf32() -> bool:
+    """Whether fp32 inputs on CUDA take single-TF32 products (opt-in, about 1e-3 relative) instead
+    of the default split-TF32 ones (fp32 accuracy).
+
+    ``MAXSIM_FP32=tf32`` or ``exact`` decides; unset, PyTorch's own switch does:
+    ``torch.backends.cuda.matmul.allow_tf32 = True`` (or ``fp32_precision = "tf32"``).
+    """
+    mode = os.environ.get("MAXSIM_FP32", "")
+    if mode:
+        if mode not in ("tf32", "exact"):
+            raise ValueError(f"MAXSIM_FP32: expected 'tf32' or 'exact', got {mode!r}")
+        return mode == "tf32"
+    try:
+        return torch._C._get_cublas_allow_tf32()
+    except RuntimeError:  # set through the newer fp32_precision switches, which then decide
+        precision = torch._C._get_fp32_precision_getter("cuda", "matmul")
+        if precision == "none":  # inherited from the global switch
+            precision = torch._C._get_fp32_precision_getter("generic", "all")
+        return precision == "tf32"
