@@ -169,17 +169,17 @@ def check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, nd_or_group, packed_q, pa
     rs, ra, pairs = ref_fwd(*args)
     err = rel(s.flatten(), rs)
     tol = 3e-3 if tf32 else 1e-6 if tf32 is not None else 1e-5
-    a = a.reshape(ra.shape) if argmax else a
+    flat = a.reshape(ra.shape) if argmax else a  # the reference's shape; bwd takes the op's
     if dtype != torch.float32:  # exact products: the float64 argmax itself
-        arg_ok = not argmax or torch.equal(a, ra)
+        arg_ok = not argmax or torch.equal(flat, ra)
     else:  # rounded fp32 sums may order near ties either way
-        arg_ok = not argmax or argmax_bad(a, ra, args, pairs, 1e-2 if tf32 else 1e-6) == 0
+        arg_ok = not argmax or argmax_bad(flat, ra, args, pairs, 1e-2 if tf32 else 1e-6) == 0
     ok = err <= tol and arg_ok
     mode = "" if tf32 is None else " tf32" if tf32 else " split-tf32"
     msg = (f"layout={layout} {str(dtype)[6:]}{mode} D={D} Lq={Lq} Ld={Ld} nq={nq} g={g} "
            f"pq={packed_q} pd={packed_d} m={masks} am={argmax}: err={err:.2e}")
     if not ok:
-        bad = (a != ra).sum().item() if argmax else 0
+        bad = (flat != ra).sum().item() if argmax else 0
         print("FAIL", msg, f"argmax mismatches={bad}", flush=True)
         return False
     if backward and argmax:
@@ -187,7 +187,7 @@ def check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, nd_or_group, packed_q, pa
         # and turn fp32 rounding into a large relative error of a near-zero result
         grad = torch.rand(s.shape, device="cuda") + 0.5
         dq, dd = ops.bwd(grad, q, d, a, qo, do, pq, pd, layout, g if layout == GROUPED else 0)
-        rdq, rdd = ref_bwd(grad.flatten(), q, d, ra, qo.tolist() if qo is not None else None,
+        rdq, rdd = ref_bwd(grad.flatten(), q, d, flat, qo.tolist() if qo is not None else None,
                            do.tolist() if do is not None else None, pairs)
         e1, e2 = rel(dq.cpu(), rdq), rel(dd.cpu(), rdd)
         gtol = 1e-5 if dtype == torch.float32 else (2e-3 if dtype == torch.float16 else 1e-2)
