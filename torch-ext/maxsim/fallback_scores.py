@@ -1,0 +1,180 @@
+"""Scores without argmax on CPU, the PyTorch path's fast case: all pairs, and grouped padded
+documents.
+
+The similarities are computed as documents x queries (``D @ Q^T``, rows are document tokens),
+the orientation CPU BLAS runs fastest for a few dozen query tokens, a block of rows at a time
+(sized from ``MAXSIM_TORCH_MEMORY_MB`` and the last-level cache). Each document's max is then
+one reduction over rows: ``amax`` over a padded block's token axis (invalid tokens reset to -inf
+first, padding may hold anything), or for packed documents one ``index_reduce_`` of the rows into
+their document, so no row is gathered and no padding is multiplied. fp16 / bf16 rows are upcast
+one block at a time. Same semantics as ``fallback.fwd`` (NaN wins, a query token with no valid
+document token adds 0); ``fallback.fwd`` keeps every other case.
+"""
+
+import warnings
+
+import torch
+
+from .layouts import ALLPAIRS, GROUPED
+from .settings import memory_budget_bytes
+
+# Largest similarity block: past a few MB the BLAS call no longer gets faster, and a block that
+# stays in the last-level cache is reduced from cache.
+_SIM_BLOCK_BYTES = 16 * 2**20
+# Fewest document rows a block should have, so a call's fixed cost stays small next to its GEMM.
+_MIN_ROWS = 256
+
+
+def supported(queries, documents, layout) -> bool:
+    """Whether ``score`` takes this call: CPU tensors, all pairs (packed documents with offsets
+    in order) or grouped padded documents."""
+    if documents.x.device.type != "cpu":
+        return False
+    if not documents.packed and documents.width == 0:
+        return False
+    if layout == GROUPED:
+        return not documents.packed
+    if layout != ALLPAIRS:
+        return False
+    if not documents.packed or documents.starts.numel() < 2:
+        return True
+    return bool((documents.starts[1:] >= documents.starts[:-1]).all())
+
+
+def score(queries, documents, layout, group, scores):
+    """Fill ``scores`` (fp32 ``[Nq, Nd]`` or ``[Nq, group]``) for a call ``supported`` takes."""
+    if layout == GROUPED:
+        _grouped(queries, documents, group, scores)
+    elif documents.packed:
+        _allpairs_packed(queries, documents, scores)
+    else:
+        _allpairs_padded(queries, documents, scores)
+
+
+def _sim_bytes() -> int:
+    return max(1, min(memory_budget_bytes() // 2, _SIM_BLOCK_BYTES))
+
+
+def _row_bytes(documents, columns: int) -> int:
+    """Bytes one document row costs in a block: its similarities and, unless it is read in place
+    (fp32), its fp32 copy."""
+    convert = 0 if documents.x.dtype == torch.float32 else 4 * documents.x.size(-1)
+    return 4 * columns + convert
+
+
+def _query_block(queries, nq: int, ndocs_out: int) -> int:
+    """Queries per block: as many as keep a block of at least ``_MIN_ROWS`` rows, and the
+    per-document maxima of ``ndocs_out`` documents, within the similarity budget."""
+    lw = max(queries.width, 1)
+    per_query = lw * 4 * max(_MIN_ROWS, ndocs_out)
+    return max(1, min(nq, _sim_bytes() // per_query))
+
+
+def _token_scores(best, q_valid, d_any):
+    """Scores ``[b, a]`` from per-token maxima ``best [b, a, Lq]``: a query token adds its max
+    where it is valid and its document has a valid token, else 0."""
+    keep = q_valid[None] & d_any[:, None, None]
+    return torch.where(keep, best, 0.0).sum(-1)
+
+
+def _padded_valid(documents, ids):
+    """Validity ``[b, L]`` of padded documents ``ids`` (a slice), or None when all are valid."""
+    lengths, mask = documents.lengths, documents.mask
+    if lengths is None and mask is None:
+        return None
+    valid = None
+    if lengths is not None:
+        valid = torch.arange(documents.width) < lengths[ids, None]
+    if mask is not None:
+        valid = mask[ids] if valid is None else valid & mask[ids]
+    return valid
+
+
+def _allpairs_padded(queries, documents, scores):
+    """Padded documents ``[Nd, L, H]``: blocks of whole documents, ``amax`` over their tokens."""
+    nq, nd = scores.shape
+    width, h = documents.width, documents.x.size(-1)
+    bq = _query_block(queries, nq, 1)
+    for i0 in range(0, nq, bq):
+        q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
+        a, lw = q_valid.shape
+        q_t = q_tokens.reshape(a * lw, h).T
+        per_doc = max(width, 1) * _row_bytes(documents, a * lw)
+        bd = max(1, min(nd, _sim_bytes() // per_doc))
+        for j0 in range(0, nd, bd):
+            ids = slice(j0, j0 + bd)
+            rows = documents.x[ids]
+            b = rows.size(0)
+            sim = torch.mm(rows.reshape(b * width, h).float(), q_t).view(b, width, a * lw)
+            valid = _padded_valid(documents, ids)
+            if valid is None:
+                d_any = torch.full((b,), width > 0)
+            else:  # invalid tokens may hold anything, NaN included: reset, never multiplied out
+                sim.masked_fill_(~valid[..., None], float("-inf"))
+                d_any = valid.any(-1)
+            best = sim.amax(1).view(b, a, lw)
+            scores[i0 : i0 + a, ids] = _token_scores(best, q_valid, d_any).T
+
+
+def _allpairs_packed(queries, documents, scores):
+    """Packed documents ``[T, H]`` with offsets in order: blocks of rows, each row's similarities
+    folded into its document's maxima by ``index_reduce_`` (invalid rows into a scratch row)."""
+    nq, nd = scores.shape
+    h = documents.x.size(-1)
+    first = int(documents.starts[0])
+    last = int(documents.starts[-1] + documents.lengths[-1])
+    ends = documents.starts + documents.lengths
+    d_any = _packed_any(documents, ends)
+    bq = _query_block(queries, nq, nd + 1)
+    for i0 in range(0, nq, bq):
+        q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
+        a, lw = q_valid.shape
+        q_t = q_tokens.reshape(a * lw, h).T
+        best = torch.full((nd + 1, a * lw), float("-inf"))
+        block = max(_MIN_ROWS, _sim_bytes() // _row_bytes(documents, a * lw))
+        for r0 in range(first, last, block):
+            r1 = min(r0 + block, last)
+            sim = torch.mm(documents.x[r0:r1].float(), q_t)
+            # the document a row belongs to: the number of documents that end at or before it
+            owner = torch.searchsorted(ends, torch.arange(r0, r1), right=True)
+            if documents.mask is not None:
+                owner.masked_fill_(~documents.mask[r0:r1], nd)
+            with warnings.catch_warnings():  # index_reduce_ is marked beta
+                warnings.simplefilter("ignore")
+                best.index_reduce_(0, owner, sim, "amax")
+        best = best[:nd].view(nd, a, lw)
+        scores[i0 : i0 + a] = _token_scores(best, q_valid, d_any).T
+
+
+def _packed_any(documents, ends):
+    """Whether each packed document has a valid token (bool ``[Nd]``)."""
+    if documents.mask is None:
+        return documents.lengths > 0
+    counts = torch.zeros(documents.x.size(0) + 1, dtype=torch.int64)
+    torch.cumsum(documents.mask, 0, out=counts[1:])
+    return counts[ends] > counts[documents.starts]
+
+
+def _grouped(queries, documents, group, scores):
+    """GROUPED, padded documents ``[Nq * group, L, H]``: one batched GEMM per block of queries,
+    each query against the rows of its own ``group`` documents."""
+    nq = scores.size(0)
+    width, h = documents.width, documents.x.size(-1)
+    lw = max(queries.width, 1)
+    per_query = max(group * width, 1) * _row_bytes(documents, lw)
+    bq = max(1, min(nq, _sim_bytes() // per_query))
+    for i0 in range(0, nq, bq):
+        q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
+        a = q_valid.size(0)
+        ids = slice(i0 * group, (i0 + a) * group)
+        rows = documents.x[ids].reshape(a, group * width, h).float()
+        sim = torch.bmm(rows, q_tokens.transpose(1, 2)).view(a * group, width, -1)
+        valid = _padded_valid(documents, ids)
+        if valid is None:
+            d_any = torch.full((a * group,), width > 0)
+        else:
+            sim.masked_fill_(~valid[..., None], float("-inf"))
+            d_any = valid.any(-1)
+        best = sim.amax(1).view(a, group, -1)
+        keep = q_valid[:, None] & d_any.view(a, group, 1)
+        scores[i0 : i0 + a] = torch.where(keep, best, 0.0).sum(-1)
