@@ -7,8 +7,17 @@ shapes and empty token sets."""
 import maxsim
 import pytest
 import torch
-from conftest import HAS_CPU_OPS, DTYPES, assert_close_rel, assert_exact, op_args, reference_of, token_set
+from conftest import (
+    DTYPES,
+    HAS_CPU_OPS,
+    assert_close_rel,
+    assert_exact,
+    op_args,
+    reference_of,
+    token_set,
+)
 from maxsim import fallback_scores
+from maxsim.fallback import _Segments
 from maxsim.layouts import ALLPAIRS, GROUPED
 
 BACKENDS = ["torch"] + (["cpu"] if HAS_CPU_OPS else [])
@@ -21,6 +30,7 @@ CASES = [
     (GROUPED, "padded", "padded"),
     (GROUPED, "packed", "padded"),
 ]
+CASE_IDS = [f"{['allpairs', 'grouped'][c[0]]}-{c[1]}-{c[2]}" for c in CASES]
 
 
 def make_args(layout, q_kind, d_kind, dtype, data, nq=3, nd=7, lq=5, ld=17, h=13, junk="nan",
@@ -49,8 +59,6 @@ def tiny_blocks(monkeypatch):
 def test_fast_path_takes_the_cases_it_claims():
     for layout, q_kind, d_kind in CASES:
         args = make_args(layout, q_kind, d_kind, torch.float32, "grid")
-        from maxsim.fallback import _Segments
-
         queries = _Segments(args[0], args[2], args[3], args[4], width=args[12])
         documents = _Segments(args[1], args[5], args[6], args[7])
         assert fallback_scores.supported(queries, documents, layout), (layout, q_kind, d_kind)
@@ -58,7 +66,7 @@ def test_fast_path_takes_the_cases_it_claims():
 
 @pytest.mark.parametrize("blocks", ["default", "tiny"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{['allpairs', 'grouped'][c[0]]}-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_torch_path_exact_on_grid_data(request, case, dtype, blocks):
     if blocks == "tiny":
         request.getfixturevalue("tiny_blocks")
@@ -68,7 +76,7 @@ def test_torch_path_exact_on_grid_data(request, case, dtype, blocks):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{['allpairs', 'grouped'][c[0]]}-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_relative_error_on_normal_data(tiny_blocks, case, dtype, backend):
     """fp32 accumulation of the (cast) inputs: within 1e-6 of float64, odd shapes."""
     args = make_args(*case, dtype, "normal", nq=2, nd=11, lq=31, ld=67, h=129, junk="large")
@@ -77,7 +85,7 @@ def test_relative_error_on_normal_data(tiny_blocks, case, dtype, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"{c[1]}-{c[2]}")
+@pytest.mark.parametrize("case", CASES[:4], ids=CASE_IDS[:4])
 def test_nan_and_inf_tokens(tiny_blocks, case, dtype, backend):
     """A NaN token makes its document's scores NaN; +inf / -inf ones score as IEEE says."""
     args = list(make_args(*case, dtype, "grid", lengths=False, mask=False))
@@ -94,7 +102,7 @@ def test_nan_and_inf_tokens(tiny_blocks, case, dtype, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{['allpairs', 'grouped'][c[0]]}-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_empty_and_single_token_sets(case, backend):
     for nq, nd, lq, ld, h in [(1, 1, 1, 1, 1), (2, 3, 1, 0, 8), (0, 3, 4, 5, 8), (2, 0, 4, 5, 8)]:
         if case[0] == GROUPED and (ld == 0 or nq == 0):
@@ -127,4 +135,5 @@ def test_memory_budget_is_settable_and_respected(monkeypatch):
     monkeypatch.setenv("MAXSIM_TORCH_MEMORY_MB", "2")
     assert fallback_scores._sim_bytes() == 2**20
     monkeypatch.setenv("MAXSIM_TORCH_MEMORY_MB", "4096")
-    assert fallback_scores._sim_bytes() == fallback_scores._SIM_BLOCK_BYTES
+    per_thread = fallback_scores._SIM_BLOCK_BYTES
+    assert fallback_scores._sim_bytes() == per_thread * torch.get_num_threads()

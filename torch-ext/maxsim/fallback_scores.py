@@ -3,12 +3,13 @@ documents.
 
 The similarities are computed as documents x queries (``D @ Q^T``, rows are document tokens),
 the orientation CPU BLAS runs fastest for a few dozen query tokens, a block of rows at a time
-(sized from ``MAXSIM_TORCH_MEMORY_MB`` and the last-level cache). Each document's max is then
-one reduction over rows: ``amax`` over a padded block's token axis (invalid tokens reset to -inf
-first, padding may hold anything), or for packed documents one ``index_reduce_`` of the rows into
-their document, so no row is gathered and no padding is multiplied. fp16 / bf16 rows are upcast
-one block at a time. Same semantics as ``fallback.fwd`` (NaN wins, a query token with no valid
-document token adds 0); ``fallback.fwd`` keeps every other case.
+(sized from ``MAXSIM_TORCH_MEMORY_MB``, the last-level cache and the thread count). Each
+document's max is then one reduction over rows: ``amax`` over a padded block's token axis
+(invalid tokens reset to -inf first, padding may hold anything), or for packed documents a fold
+of the rows into their document (``_fold_rows``), so no row is gathered and no padding is
+multiplied. fp16 / bf16 rows are upcast one block at a time. Same semantics as ``fallback.fwd``
+(NaN wins, a query token with no valid document token adds 0); ``fallback.fwd`` keeps every
+other case.
 """
 
 import warnings
@@ -18,9 +19,12 @@ import torch
 from .layouts import ALLPAIRS, GROUPED
 from .settings import memory_budget_bytes
 
-# Largest similarity block: past a few MB the BLAS call no longer gets faster, and a block that
-# stays in the last-level cache is reduced from cache.
-_SIM_BLOCK_BYTES = 16 * 2**20
+# Largest similarity block per thread: one that stays in a core's share of the last-level cache
+# is reduced from cache; more threads take larger blocks, since every multi-threaded op pays for
+# waking and joining them (a cost that grows when other processes hold a core).
+_SIM_BLOCK_BYTES = 8 * 2**20
+# Rows of a packed block folded by one amax before the row-by-row fold into their documents.
+_RUN = 16
 # Fewest document rows a block should have, so a call's fixed cost stays small next to its GEMM.
 _MIN_ROWS = 256
 
@@ -52,7 +56,9 @@ def score(queries, documents, layout, group, scores):
 
 
 def _sim_bytes() -> int:
-    return max(1, min(memory_budget_bytes() // 2, _SIM_BLOCK_BYTES))
+    """Bytes of similarities a block may hold: half the memory budget at most."""
+    per_thread = _SIM_BLOCK_BYTES * torch.get_num_threads()
+    return max(1, min(memory_budget_bytes() // 2, per_thread))
 
 
 def _row_bytes(documents, columns: int) -> int:
@@ -98,7 +104,7 @@ def _allpairs_padded(queries, documents, scores):
     for i0 in range(0, nq, bq):
         q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
         a, lw = q_valid.shape
-        q_t = q_tokens.reshape(a * lw, h).T
+        q_t = q_tokens.reshape(a * lw, h).T.contiguous()
         per_doc = max(width, 1) * _row_bytes(documents, a * lw)
         bd = max(1, min(nd, _sim_bytes() // per_doc))
         for j0 in range(0, nd, bd):
@@ -129,21 +135,41 @@ def _allpairs_packed(queries, documents, scores):
     for i0 in range(0, nq, bq):
         q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
         a, lw = q_valid.shape
-        q_t = q_tokens.reshape(a * lw, h).T
+        q_t = q_tokens.reshape(a * lw, h).T.contiguous()
         best = torch.full((nd + 1, a * lw), float("-inf"))
         block = max(_MIN_ROWS, _sim_bytes() // _row_bytes(documents, a * lw))
         for r0 in range(first, last, block):
             r1 = min(r0 + block, last)
             sim = torch.mm(documents.x[r0:r1].float(), q_t)
-            # the document a row belongs to: the number of documents that end at or before it
-            owner = torch.searchsorted(ends, torch.arange(r0, r1), right=True)
-            if documents.mask is not None:
-                owner.masked_fill_(~documents.mask[r0:r1], nd)
-            with warnings.catch_warnings():  # index_reduce_ is marked beta
-                warnings.simplefilter("ignore")
-                best.index_reduce_(0, owner, sim, "amax")
+            if documents.mask is not None:  # masked rows may hold anything, NaN included
+                sim.masked_fill_(~documents.mask[r0:r1, None], float("-inf"))
+            _fold_rows(best, sim, ends, r0)
         best = best[:nd].view(nd, a, lw)
         scores[i0 : i0 + a] = _token_scores(best, q_valid, d_any).T
+
+
+def _fold_rows(best, sim, ends, r0):
+    """``best[d] = max(best[d], sim[r])`` for every row ``r`` of the block starting at row ``r0``
+    and its document ``d``, the number of documents that end at or before it.
+
+    ``index_reduce_`` runs row by row, so ``amax`` first folds runs of ``_RUN`` rows of one
+    document into one row; only the rows of runs that straddle a document boundary go one by
+    one. Shapes: ``best [Nd + 1, R]`` (row Nd: scratch), ``sim [n, R]``, ``ends [Nd]``
+    non-decreasing.
+    """
+    n, runs = sim.size(0), sim.size(0) // _RUN
+    run_start = torch.arange(r0, r0 + runs * _RUN, _RUN)
+    owner = torch.searchsorted(ends, run_start, right=True)
+    whole = owner == torch.searchsorted(ends, run_start + (_RUN - 1), right=True)
+    loose = torch.ones(n, dtype=torch.bool)
+    loose[: runs * _RUN] = (~whole).repeat_interleave(_RUN)
+    loose = loose.nonzero().squeeze(1)
+    run_max = sim[: runs * _RUN].view(runs, _RUN, sim.size(1)).amax(1)
+    with warnings.catch_warnings():  # index_reduce_ is marked beta
+        warnings.simplefilter("ignore")
+        best.index_reduce_(0, owner.masked_fill_(~whole, best.size(0) - 1), run_max, "amax")
+        loose_owner = torch.searchsorted(ends, loose + r0, right=True)
+        best.index_reduce_(0, loose_owner, sim[loose], "amax")
 
 
 def _packed_any(documents, ends):
