@@ -61,11 +61,12 @@ def _sim_bytes() -> int:
     return max(1, min(memory_budget_bytes() // 2, per_thread))
 
 
-def _row_bytes(documents, columns: int) -> int:
-    """Bytes one document row costs in a block: its similarities and, unless it is read in place
-    (fp32), its fp32 copy."""
+def _block_rows(documents, columns: int) -> int:
+    """Document rows a block may take: its similarities (``columns`` each) within the cache-sized
+    cap, and with the fp32 copy of fp16 / bf16 rows, within half the memory budget."""
     convert = 0 if documents.x.dtype == torch.float32 else 4 * documents.x.size(-1)
-    return 4 * columns + convert
+    memory = memory_budget_bytes() // 2 // (4 * columns + convert)
+    return max(1, min(_sim_bytes() // (4 * columns), memory))
 
 
 def _query_block(queries, nq: int, ndocs_out: int) -> int:
@@ -74,6 +75,35 @@ def _query_block(queries, nq: int, ndocs_out: int) -> int:
     lw = max(queries.width, 1)
     per_query = lw * 4 * max(_MIN_ROWS, ndocs_out)
     return max(1, min(nq, _sim_bytes() // per_query))
+
+
+class _Scratch:
+    """A call's reused block buffers: a fresh multi-MB tensor per block costs its page faults
+    again every time (about as much as the copy that fills it), a reused one only once."""
+
+    def __init__(self):
+        self.buffers = {}
+
+    def take(self, name: str, shape) -> torch.Tensor:
+        """A contiguous fp32 tensor of ``shape`` (contents undefined)."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = self.buffers[name] = torch.empty(numel, dtype=torch.float32)
+        return buf[:numel].view(shape)
+
+    def fp32(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` as fp32: itself when it is fp32, else converted into the reused buffer."""
+        if rows.dtype == torch.float32:
+            return rows
+        return self.take("rows", rows.shape).copy_(rows)
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``a @ b`` (2-D or batched 3-D) into the reused similarity buffer."""
+        shape = (*a.shape[:-1], b.size(-1))
+        return torch.matmul(a, b, out=self.take("sim", shape))
 
 
 def _token_scores(best, q_valid, d_any):
@@ -98,6 +128,7 @@ def _padded_valid(documents, ids):
 
 def _allpairs_padded(queries, documents, scores):
     """Padded documents ``[Nd, L, H]``: blocks of whole documents, ``amax`` over their tokens."""
+    scratch = _Scratch()
     nq, nd = scores.shape
     width, h = documents.width, documents.x.size(-1)
     bq = _query_block(queries, nq, 1)
@@ -105,13 +136,13 @@ def _allpairs_padded(queries, documents, scores):
         q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
         a, lw = q_valid.shape
         q_t = q_tokens.reshape(a * lw, h).T.contiguous()
-        per_doc = max(width, 1) * _row_bytes(documents, a * lw)
-        bd = max(1, min(nd, _sim_bytes() // per_doc))
+        bd = max(1, min(nd, _block_rows(documents, a * lw) // max(width, 1)))
         for j0 in range(0, nd, bd):
             ids = slice(j0, j0 + bd)
             rows = documents.x[ids]
             b = rows.size(0)
-            sim = torch.mm(rows.reshape(b * width, h).float(), q_t).view(b, width, a * lw)
+            sim = scratch.mm(scratch.fp32(rows.reshape(b * width, h)), q_t)
+            sim = sim.view(b, width, a * lw)
             valid = _padded_valid(documents, ids)
             if valid is None:
                 d_any = torch.full((b,), width > 0)
@@ -125,6 +156,7 @@ def _allpairs_padded(queries, documents, scores):
 def _allpairs_packed(queries, documents, scores):
     """Packed documents ``[T, H]`` with offsets in order: blocks of rows, each row's similarities
     folded into its document's maxima by ``index_reduce_`` (invalid rows into a scratch row)."""
+    scratch = _Scratch()
     nq, nd = scores.shape
     h = documents.x.size(-1)
     first = int(documents.starts[0])
@@ -137,10 +169,10 @@ def _allpairs_packed(queries, documents, scores):
         a, lw = q_valid.shape
         q_t = q_tokens.reshape(a * lw, h).T.contiguous()
         best = torch.full((nd + 1, a * lw), float("-inf"))
-        block = max(_MIN_ROWS, _sim_bytes() // _row_bytes(documents, a * lw))
+        block = max(_MIN_ROWS, _block_rows(documents, a * lw))
         for r0 in range(first, last, block):
             r1 = min(r0 + block, last)
-            sim = torch.mm(documents.x[r0:r1].float(), q_t)
+            sim = scratch.mm(scratch.fp32(documents.x[r0:r1]), q_t)
             if documents.mask is not None:  # masked rows may hold anything, NaN included
                 sim.masked_fill_(~documents.mask[r0:r1, None], float("-inf"))
             _fold_rows(best, sim, ends, r0)
@@ -184,17 +216,17 @@ def _packed_any(documents, ends):
 def _grouped(queries, documents, group, scores):
     """GROUPED, padded documents ``[Nq * group, L, H]``: one batched GEMM per block of queries,
     each query against the rows of its own ``group`` documents."""
+    scratch = _Scratch()
     nq = scores.size(0)
     width, h = documents.width, documents.x.size(-1)
     lw = max(queries.width, 1)
-    per_query = max(group * width, 1) * _row_bytes(documents, lw)
-    bq = max(1, min(nq, _sim_bytes() // per_query))
+    bq = max(1, min(nq, _block_rows(documents, lw) // max(group * width, 1)))
     for i0 in range(0, nq, bq):
         q_tokens, q_valid = queries.gather(slice(i0, i0 + bq))
         a = q_valid.size(0)
         ids = slice(i0 * group, (i0 + a) * group)
-        rows = documents.x[ids].reshape(a, group * width, h).float()
-        sim = torch.bmm(rows, q_tokens.transpose(1, 2)).view(a * group, width, -1)
+        rows = scratch.fp32(documents.x[ids].reshape(a, group * width, h))
+        sim = scratch.mm(rows, q_tokens.transpose(1, 2)).view(a * group, width, -1)
         valid = _padded_valid(documents, ids)
         if valid is None:
             d_any = torch.full((a * group,), width > 0)
