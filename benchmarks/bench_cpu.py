@@ -8,15 +8,16 @@ Rows follow bench_results/h100.json (workload, dtype, impl, status, ms_p20/p50/p
 peak_mb, note) plus ``threads``. After a warm-up, the implementations of a workload are timed
 interleaved call by call (>= 5 rounds), so that load from other processes falls on all of them
 alike. ``peak_mb``: growth of the process's peak resident memory during one call (inputs and
-outputs included, so it bounds the working memory from above). maxsim-cpu picks its own thread count (all cores): its rows carry
-``threads`` = all cores.
+outputs included, so it bounds the working memory from above). maxsim-cpu (``pip install
+maxsim-cpu``, imported when found) picks its own thread count (all cores): its rows carry
+``threads`` = all cores. The ``SCALING`` workloads are also timed on 1 and 2 threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
-import os
 import platform
 import re
 import sys
@@ -27,11 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import maxsim  # noqa: E402
 from bench import _clean, git_state, percentile  # noqa: E402
 from impls import REPO  # noqa: E402
 from workloads import padded_scores, ref_allpairs, ref_grouped, rel_err, tokens  # noqa: E402
-
-import maxsim  # noqa: E402
 
 try:
     import maxsim_cpu  # noqa: E402
@@ -58,7 +58,21 @@ WORKLOADS = {
     "allpairs": ("allpairs", dict(Nq=32, Nd=256, Ld=180), ["fp32", "bf16"],
                  "all pairs Nq32 Nd256 Ld180"),
 }
-SCALING = ("corpus512", "rerank")  # also timed on 1 thread
+SCALING = ("corpus512", "rerank")  # also timed on 1 and 2 threads
+
+
+def thread_counts(name: str, cores: int) -> list[int]:
+    """All cores, then (scaling workloads) 2 and 1 thread where the machine has more."""
+    if name not in SCALING:
+        return [cores]
+    return [cores] + [t for t in (2, 1) if t < cores]
+
+
+def peer_version(dist: str):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_model() -> str:
@@ -198,8 +212,7 @@ def main(argv=None):
         kind, p, dtypes, _ = WORKLOADS[name]
         for dtype_name in dtypes:
             impls, ref = make_case(kind, p, DTYPES[dtype_name])
-            counts = [cores] + ([1] if name in SCALING and cores > 1 else [])
-            for threads in counts:
+            for threads in thread_counts(name, cores):
                 torch.set_num_threads(threads)
                 fns = {k: v for k, v in impls.items() if k != "maxsim-cpu" or threads == cores}
                 for row in run_rows(name, dtype_name, fns, ref, threads, reps):
@@ -218,8 +231,7 @@ def main(argv=None):
         schema=2, commit=commit[:12], dirty=dirty, cpu=model, threads=cores,
         torch=torch.__version__, extension=reason,
         versions={"maxsim": getattr(maxsim, "__version__", "?"),
-                  "maxsim-cpu": getattr(maxsim_cpu, "__version__", None) and
-                  maxsim_cpu.__version__ if maxsim_cpu else None},
+                  "maxsim-cpu": peer_version("maxsim-cpu") if maxsim_cpu else None},
         elapsed_s=round(time.time() - t0, 1),
         workloads={n: dict(kind=WORKLOADS[n][0], **WORKLOADS[n][1], Lq=LQ, H=H,
                            about=WORKLOADS[n][3]) for n in names},

@@ -48,6 +48,25 @@ inline bool has_f16c() {
   static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
   return ok;
 }
+
+// bf16 -> fp32, 8 values at a time: widen each 16-bit value to 32 bits and shift it to the top.
+__attribute__((target("avx2"))) inline void bf16_to_fp32_avx2(const uint16_t* s, int64_t n,
+                                                             float* out) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_slli_epi32(wide, 16));
+  }
+  for (; k < n; ++k) {
+    const uint32_t bits = uint32_t(s[k]) << 16;
+    std::memcpy(out + k, &bits, 4);
+  }
+}
+
+inline bool has_avx2_integer() {
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+}
 #endif
 
 // fp32 copies of `n` values of a row in any of the ops' dtypes.
@@ -55,6 +74,9 @@ inline void to_fp32(const void* src, at::ScalarType t, int64_t n, float* out) {
   if (t == at::kFloat) {
     std::memcpy(out, src, n * sizeof(float));
   } else if (t == at::kBFloat16) {
+#if defined(__x86_64__)
+    if (has_avx2_integer()) return bf16_to_fp32_avx2(static_cast<const uint16_t*>(src), n, out);
+#endif
     const uint16_t* s = static_cast<const uint16_t*>(src);
     for (int64_t k = 0; k < n; ++k) {  // bf16 is the top half of an fp32
       const uint32_t bits = uint32_t(s[k]) << 16;

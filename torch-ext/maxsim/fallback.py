@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from . import bounds
+from . import bounds, fallback_scores
 from .layouts import ALLPAIRS, GROUPED, scores_shape, segment_count
 from .schemas import FwdArgs
 from .settings import memory_budget_bytes
@@ -71,7 +71,7 @@ class _Segments:
             empty = self.x.size(0) == 0  # no row to clamp to
             tokens = self.x.new_zeros(*rows.shape, self.x.size(1)) if empty else self.x[rows]
             valid = cols < self.lengths[ids, None]
-            if self.mask is not None:
+            if self.mask is not None and not empty:
                 valid &= self.mask[rows]
         else:
             tokens = self.x[ids]
@@ -202,7 +202,9 @@ def fwd(*args):
         return scores.masked_fill_(bad, float("nan")) if bad is not None else scores, argmax
     pair_q, pair_d = bounds.clamped_ids(a.pair_q, nq), bounds.clamped_ids(a.pair_d, nd)
     with _exact_fp32_matmul(q.device):
-        if layout == ALLPAIRS:
+        if not with_argmax and fallback_scores.supported(queries, documents, layout):
+            fallback_scores.score(queries, documents, layout, a.group, scores)
+        elif layout == ALLPAIRS:
             _fwd_allpairs(queries, documents, scores, argmax if with_argmax else None)
         elif layout == GROUPED and not documents.packed:
             _fwd_grouped(queries, documents, a.group, scores, argmax if with_argmax else None)
