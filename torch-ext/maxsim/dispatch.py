@@ -114,6 +114,14 @@ def select_ops(device: torch.device, backend: str = "auto"):
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
+def ops_for(x: torch.Tensor, backend: str = "auto"):
+    """:func:`select_ops` for tensors like ``x``, without building its device for a CUDA tensor
+    with the extension loaded (the common call)."""
+    if backend == "auto" and x.is_cuda and _CUDA_OPS is not None:
+        return _CUDA_OPS
+    return select_ops(x.device, backend)
+
+
 def needs_grad(*tensors: torch.Tensor) -> bool:
     """Whether autograd will need a backward through these inputs (so ``fwd`` keeps its argmax)."""
     if not torch.is_grad_enabled():
@@ -142,7 +150,7 @@ def forward(
     Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
     ``scores.shape + [max_lq]`` when computed, else ``[0]``.
     """
-    ops = select_ops(q.x.device, backend)
+    ops = ops_for(q.x, backend)
     sets = (q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, pair_q, pair_d)
     if q.scale is not None or d.scale is not None:  # quantized tokens (quantize.scaled_operands)
         return ops.fwd_scaled(
