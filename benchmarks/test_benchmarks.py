@@ -165,7 +165,8 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
                    for i in ("maxsim", "maxsim-compat", "torch-floor", "naive")} | {
         (w, d, i) for w in ("varlen", "train_small") for d in ("fp16", "bf16")
         for i in ("maxsim", "naive")} | {
-        ("train_small", d, i) for d in ("fp16", "bf16") for i in ("maxsim-autograd", "torch-floor")}
+        ("train_small", d, i) for d in ("fp16", "bf16")
+        for i in ("maxsim-autograd", "maxsim-compat", "torch-floor")}
     for r in doc["rows"]:
         assert set(r) - {"stand_in"} == REQUIRED_ROW_KEYS
         assert r["gpu"] == "cpu" and r["commit"] == doc["commit"] and r["date"] == doc["date"]
@@ -183,6 +184,7 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
     assert paths[("train_small", "maxsim")] == "fused step"
     assert paths[("train_small", "maxsim-autograd")] == "autograd"
     assert paths[("call_tiny", "maxsim-compat")] == "one call"
+    assert paths[("train_small", "maxsim-compat")] == "autograd"
     common += ["--impl", "naive"]
     assert bench.main(common + ["--only", "corpus", "--dtype", "bf16"]) == 0
     merged = json.loads(out.read_text())

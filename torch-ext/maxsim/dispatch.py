@@ -150,12 +150,15 @@ def forward(
     Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
     ``scores.shape + [max_lq]`` when computed, else ``[0]``.
     """
-    ops = ops_for(q.x, backend)
     sets = (q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, pair_q, pair_d)
     if q.scale is not None or d.scale is not None:  # quantized tokens (quantize.scaled_operands)
-        return ops.fwd_scaled(
+        return ops_for(q.x, backend).fwd_scaled(
             q.x, q.scale, d.x, d.scale, *sets, layout, group, max_lq, want_argmax
         )
-    return ops.fwd(
-        q.x, d.x, *sets, layout, group, max_lq, want_argmax or needs_grad(q.x, d.x), False
-    )
+    return fwd(backend, want_argmax, q.x, d.x, *sets, layout, group, max_lq)
+
+
+def fwd(backend: str, want_argmax: bool, q: torch.Tensor, d: torch.Tensor, *args):
+    """The ``fwd`` op on checked arguments (``args``: its arguments from ``q_offsets`` through
+    ``max_lq``), with the argmax where wanted or where an input requires grad: one op call."""
+    return ops_for(q, backend).fwd(q, d, *args, want_argmax or needs_grad(q, d), False)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from . import validation as check
-from .dispatch import forward, needs_grad, ops_for, select_ops
+from .dispatch import forward, fwd, select_ops
 from .layouts import ALLPAIRS, GROUPED, PAIRS
 from .quantize import QuantizedTokens, resolve, scaled_operands
 from .validation import TokenSet
@@ -113,9 +113,9 @@ def plain_call(
     if parts is None:
         return None
     d_x, q_lengths, q_mask, d_lengths, d_mask, layout, group = parts
-    return ops_for(Q, backend).fwd(
-        Q, d_x, None, q_lengths, q_mask, None, d_lengths, d_mask, None, None, layout, group,
-        Q.shape[1], want_argmax or needs_grad(Q, D), False,
+    return fwd(
+        backend, want_argmax, Q, d_x, None, q_lengths, q_mask, None, d_lengths, d_mask, None,
+        None, layout, group, Q.shape[1],
     )
 
 

@@ -186,20 +186,24 @@ def packed(
     x: torch.Tensor, offsets, *, offsets_name="offsets", m=None, mask_name="mask"
 ) -> TokenSet:
     """A packed token set ``x [T, H]`` split by ``offsets [N+1]``, optional ``mask [T]``."""
-    require_tensor(offsets_name, offsets, "of shape [N+1]")
+    offsets = segment_offsets(offsets_name, offsets, x)
+    m = None if m is None else mask(mask_name, m, (x.shape[0],), x.device)
+    return TokenSet(x, offsets, None, m)
+
+
+def segment_offsets(name: str, offsets, x: torch.Tensor) -> torch.Tensor:
+    """CSR offsets ``[N+1]`` of the packed tokens ``x [T, H]``, returned as int32 (checked
+    where their values are)."""
+    require_tensor(name, offsets, "of shape [N+1]")
     shape = offsets.shape
     if len(shape) != 1 or shape[0] < 1:
         raise ValueError(
-            f"{offsets_name}: expected 1-D [N+1] with at least one entry, "
-            f"got shape {_shape(offsets)}"
+            f"{name}: expected 1-D [N+1] with at least one entry, got shape {_shape(offsets)}"
         )
-    device = x.device
-    require_index(offsets_name, offsets, shape, device)
-    total = x.shape[0]
+    require_index(name, offsets, shape, x.device)
     if values_checked(offsets):
-        _check_offsets(offsets_name, offsets, total)
-    m = None if m is None else mask(mask_name, m, (total,), device)
-    return TokenSet(x, _int32(offsets), None, m)
+        _check_offsets(name, offsets, x.shape[0])
+    return _int32(offsets)
 
 
 def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device) -> tuple:
