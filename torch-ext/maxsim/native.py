@@ -74,12 +74,11 @@ def _plain_parts(
         not codes and torch._C._is_any_autocast_enabled() and check.autocast_enabled(device.type)
     ):
         return None
-    segments = d_shape[: rank - 2]  # [Nd] or [Nq, K]
     if q_lengths is not None or d_lengths is not None:
         if (
             (q_lengths is not None and not _op_tensor(q_lengths, torch.int32, q_shape[:1], device))
-            or (d_lengths is not None
-                and not _op_tensor(d_lengths, torch.int32, segments, device))
+            or (d_lengths is not None  # [Nd] or [Nq, K]
+                and not _op_tensor(d_lengths, torch.int32, d_shape[: rank - 2], device))
         ):
             return None
         if Q.is_cpu:  # values are checked where reading them is free
