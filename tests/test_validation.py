@@ -348,6 +348,8 @@ def test_masks_come_out_contiguous_bool():
         lambda: (t(2, 3, H), t(2, 6, 5, H),
                  {"q_lengths": torch.tensor([3, 0], dtype=torch.int32),
                   "d_lengths": torch.randint(0, 6, (2, 6), dtype=torch.int32)}),
+        lambda: (t(2, 3, H), t(4, 5, H),  # int64 lengths: converted on the short path too
+                 {"q_lengths": torch.tensor([3, 1]), "d_lengths": torch.tensor([0, 5, 2, 1])}),
     ],
 )
 def test_plain_calls_skip_the_layered_checks_with_the_same_token_sets(args):
@@ -393,12 +395,12 @@ def test_bool_masks_take_the_plain_path_with_the_same_token_sets(rank):
 @pytest.mark.parametrize(
     "kw",
     [
-        {"d_lengths": torch.tensor([1, 2, 3, 4])},  # int64: converted by the full path
+        {"d_lengths": torch.tensor([1, 0, 2, 0, 3, 0, 4, 0], dtype=torch.int32)[::2]},  # strided
+        {"d_lengths": torch.tensor([1, 2, 3, 4], dtype=torch.int16)},  # not an index dtype
         {"d_mask": torch.ones(4, 5)},  # float: converted by the full path
         {"d_mask": torch.ones(4, 10, dtype=torch.bool)[:, ::2]},  # not contiguous
         {"q_mask": torch.ones(2, 3, dtype=torch.int64)},
         {"normalize": True},
-        {"q_lengths": torch.tensor([1, 2])},  # int64
         {"q_lengths": torch.tensor([1, 2, 3], dtype=torch.int32)},  # the wrong shape
     ],
 )

@@ -44,14 +44,22 @@ def _op_tensor(t, dtype, shape, device) -> bool:
     )
 
 
+def _index_tensor(t, shape, device) -> bool:
+    """Whether ``t`` is contiguous int32 / int64 of ``shape`` on ``device``."""
+    return (
+        type(t) is torch.Tensor and t.dtype in check.INDEX_DTYPES and t.device == device
+        and t.shape == shape and t.is_contiguous()
+    )
+
+
 def _plain_parts(
     Q, D, q_mask, d_mask, q_lengths, d_lengths, codes=False, d_rank=None, names=_LENGTH_NAMES
 ):
     """What the op takes for the most common calls (plain tensors of one float dtype, no
-    normalisation, no autocast, int32 prefix lengths and bool masks already as the op takes them,
-    or none): ``(d_x, q_lengths, q_mask, d_lengths, d_mask, layout, group)``; None when the call
-    is anything else (the checked path then converts it or raises what it must). Shapes and
-    dtypes only: the host work of a small call is its whole time. ``codes``: Q and D are already
+    normalisation, no autocast, contiguous int32 / int64 prefix lengths and bool masks of the
+    right shapes, or none): ``(d_x, q_lengths, q_mask, d_lengths, d_mask, layout, group)``;
+    None when the call is anything else (the checked path then converts it or raises what it
+    must). Shapes and dtypes only: the host work of a small call is its whole time. ``codes``: Q and D are already
     the kernels' scaled operands (:func:`quantize.scaled_operands` checked their dtypes);
     ``d_rank``: the only rank of ``D`` taken (None: 3 or 4); ``names``: the lengths' argument
     names in errors."""
@@ -76,9 +84,9 @@ def _plain_parts(
         return None
     if q_lengths is not None or d_lengths is not None:
         if (
-            (q_lengths is not None and not _op_tensor(q_lengths, torch.int32, q_shape[:1], device))
+            (q_lengths is not None and not _index_tensor(q_lengths, q_shape[:1], device))
             or (d_lengths is not None  # [Nd] or [Nq, K]
-                and not _op_tensor(d_lengths, torch.int32, d_shape[: rank - 2], device))
+                and not _index_tensor(d_lengths, d_shape[: rank - 2], device))
         ):
             return None
         if Q.is_cpu:  # values are checked where reading them is free
@@ -88,6 +96,10 @@ def _plain_parts(
                 check.check_lengths(names[1], d_lengths, d_shape[-2])
         elif check.debug_enabled():
             return None  # the checked path reads their values
+        if q_lengths is not None and q_lengths.dtype != torch.int32:
+            q_lengths = check.int32(q_lengths)
+        if d_lengths is not None and d_lengths.dtype != torch.int32:
+            d_lengths = check.int32(d_lengths)
         if rank == 4 and d_lengths is not None:
             d_lengths = d_lengths.view(-1)
     if q_mask is not None and not _op_tensor(q_mask, torch.bool, q_shape[:2], device):

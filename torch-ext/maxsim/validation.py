@@ -137,10 +137,11 @@ def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
     tensor). int64 values past the int32 range saturate (so they stay out of range) rather than
     wrap."""
     require_index(name, t, shape, device)
-    return _int32(t)
+    return int32(t)
 
 
-def _int32(t: torch.Tensor) -> torch.Tensor:
+def int32(t: torch.Tensor) -> torch.Tensor:
+    """Index values as a contiguous int32 tensor (no copy when they are one already)."""
     if t.dtype == torch.int32:
         return t if t.is_contiguous() else t.contiguous()
     return t.clamp(_INT32.min, _INT32.max).to(torch.int32).contiguous()
@@ -172,7 +173,7 @@ def padded(
     if lengths is not None:
         require_index(lengths_name, lengths, lengths_shape or (n,), x.device)
         check_lengths(lengths_name, lengths, width)
-        lengths = _int32(lengths).view(n)
+        lengths = int32(lengths).view(n)
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
 
 
@@ -203,7 +204,7 @@ def segment_offsets(name: str, offsets, x: torch.Tensor) -> torch.Tensor:
     require_index(name, offsets, shape, x.device)
     if values_checked(offsets):
         _check_offsets(name, offsets, x.shape[0])
-    return _int32(offsets)
+    return int32(offsets)
 
 
 def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device) -> tuple:
@@ -218,7 +219,7 @@ def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device)
         check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
     if values_checked(pair_d):
         check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
-    return _int32(pair_q), _int32(pair_d)
+    return int32(pair_q), int32(pair_d)
 
 
 def integer(name: str, value, low: int = 0, high=None) -> int:
