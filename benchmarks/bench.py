@@ -371,7 +371,8 @@ def prepare_row(case, impl, ref, floor, device, state) -> Prepared:
         row["peak_mb"] = peak if impl.counts_memory else None
         prep.fns = fns
         if not impl.stand_in:  # a stand-in is not MaxSim: nothing to check
-            judge(prep, case, out, ref)
+            output = getattr(impl, "output", None)  # impls.Impl's hook; duck-typed ones lack it
+            judge(prep, case, output(out, case) if output else out, ref)
         out = None
     except Exception as e:  # noqa: BLE001 - every failure is recorded in the row
         out = None

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import kernel_time, percentile, time_calls  # noqa: E402
-from impls import Maxsim, MaxsimAutograd, Naive  # noqa: E402
+from impls import Maxsim, MaxsimAutograd, MaxsimCompat, Naive, TorchFloor  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, setup  # noqa: E402
 
@@ -87,7 +87,8 @@ def main(argv=None):
                          "time nothing (for `ncu --profile-from-start off`)")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else [w.name for w in REGISTRY if not w.sweep]
-    impls = [Maxsim(), MaxsimAutograd(), Naive()] + [P() for P in PEERS]
+    impls = [Maxsim(), MaxsimAutograd(), MaxsimCompat(), TorchFloor(), Naive()]
+    impls += [P() for P in PEERS]
     if args.impl:
         impls = [i for i in impls if i.name in args.impl.split(",")]
     impls = [i for i in impls if i.unavailable() is None]
@@ -103,6 +104,8 @@ def main(argv=None):
         dtype = args.dtype if args.dtype in wl.dtypes else wl.dtypes[0]
         case = setup(wl, dtype, dev, l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
         for impl in impls:
+            if wl.kind not in impl.kinds or not impl.applies(case):
+                continue
             try:
                 fns = [impl.bind(case, s) for s in case.sets]
                 if args.ncu:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from workloads import Case, Unsupported, floor_scores, train_step
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +68,11 @@ class Impl:
 
     def bind(self, case: Case, s: dict) -> Callable[[], object]:
         raise NotImplementedError
+
+    def output(self, out, case: Case):
+        """What a call returned, in the form the workload checks (e.g. gradients of packed
+        tokens scattered back to the padded documents); called outside the timing."""
+        return out
 
 
 class Naive(Impl):
@@ -194,22 +201,42 @@ class MaxsimGraph(Maxsim):
 
 
 class MaxsimCompat(Maxsim):
-    """The compatibility surface's ``score_candidates_padded(Q, D, query_lengths, doc_lengths)``
-    on the rows that measure a call's host cost (``host_floor``), next to ``maxsim``."""
+    """The compatibility surface. On the rows that measure a call's host cost (``host_floor``):
+    ``score_candidates_padded(Q, D, query_lengths, doc_lengths)``, next to ``maxsim``. On the
+    training rows: ``score_contrastive_train(Q, tokens, offsets)`` with the documents' valid
+    tokens packed by offsets (once, at bind), torch's cross-entropy and autograd, next to
+    ``maxsim-autograd``."""
 
     name = "maxsim-compat"
-    kinds = ("rerank",)
+    kinds = ("rerank", "train")
+    train_path = "autograd"
 
     def applies(self, case):
-        return case.workload.host_floor and case.kind.name in self.kinds
+        return case.kind.train or (case.workload.host_floor and case.kind.name == "rerank")
 
     def bind(self, case, s):
         if "D_codes" in s or case.params.get("holes"):
             raise Unsupported("score_candidates_padded takes float tokens and prefix lengths")
-        M, Q, D = self.mod, s["Q"], s["D"]
+        M, Q, D, b = self.mod, s["Q"], s["D"], self.backend
+        if case.kind.train:
+            tokens = D.detach()[case.meta["d_mask"]].requires_grad_()
+            lengths = case.meta["d_len"].long()
+            offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).int()
+            return lambda: train_step(
+                lambda: M.score_contrastive_train(Q, tokens, offsets, backend=b), Q, tokens,
+                case.meta["targets"])
         q_len = Q.new_full((Q.size(0),), Q.size(1), dtype=case.meta["d_len"].dtype)
-        d_len, b = case.meta["d_len"], self.backend
+        d_len = case.meta["d_len"]
         return lambda: M.score_candidates_padded(Q, D, q_len, d_len, backend=b)
+
+    def output(self, out, case):
+        if not case.kind.train:
+            return out
+        dq, d_tokens = out  # the packed tokens' gradient, back in the padded documents' places
+        mask = case.meta["d_mask"]
+        dd = d_tokens.new_zeros((*mask.shape, d_tokens.size(-1)))
+        dd[mask] = d_tokens
+        return dq, dd
 
 
 class TorchFloor(Impl):

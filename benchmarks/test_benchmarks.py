@@ -4,6 +4,7 @@ GPU, no peers needed)."""
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -165,7 +166,8 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
                    for i in ("maxsim", "maxsim-compat", "torch-floor", "naive")} | {
         (w, d, i) for w in ("varlen", "train_small") for d in ("fp16", "bf16")
         for i in ("maxsim", "naive")} | {
-        ("train_small", d, i) for d in ("fp16", "bf16") for i in ("maxsim-autograd", "torch-floor")}
+        ("train_small", d, i) for d in ("fp16", "bf16")
+        for i in ("maxsim-autograd", "maxsim-compat", "torch-floor")}
     for r in doc["rows"]:
         assert set(r) - {"stand_in"} == REQUIRED_ROW_KEYS
         assert r["gpu"] == "cpu" and r["commit"] == doc["commit"] and r["date"] == doc["date"]
@@ -183,6 +185,7 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
     assert paths[("train_small", "maxsim")] == "fused step"
     assert paths[("train_small", "maxsim-autograd")] == "autograd"
     assert paths[("call_tiny", "maxsim-compat")] == "one call"
+    assert paths[("train_small", "maxsim-compat")] == "autograd"
     common += ["--impl", "naive"]
     assert bench.main(common + ["--only", "corpus", "--dtype", "bf16"]) == 0
     merged = json.loads(out.read_text())
@@ -474,3 +477,16 @@ def test_call_tiny_and_the_floor_stand_in_on_the_cpu():
                             max_sets=1)
     q, d = train.sets[0]["Q"], train.sets[0]["D"]
     assert workloads.floor_scores(q, d).shape == (q.size(0), d.size(0))
+
+
+def test_wrapper_overhead_times_every_entry_point():
+    """The host-cost harness runs (in its own process: it stubs the ops for good) and times each
+    entry point on meta and CPU tensors."""
+    done = subprocess.run([sys.executable, str(HERE / "wrapper_overhead.py"), "--n", "20"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[-4:] == ["meta", "us", "cpu", "us"]
+    timed = {line.rsplit(None, 2)[0]: line.split()[-2:] for line in lines[1:]}
+    assert {"score_candidates_padded call_tiny", "score_contrastive_train train_small",
+            "score_pairs_packed (max_q_len)", "maxsim call_tiny (d_lengths)"} <= timed.keys()
+    assert all(float(us) > 0 for row in timed.values() for us in row)

@@ -118,6 +118,12 @@ def native_calls(backend, device):
             (Q, D),
         ),
         "maxsim 4-D": (lambda Q, D: maxsim.maxsim(Q, D, backend=backend), (Q, D4)),
+        "maxsim plain lengths": (  # int32 lengths and bool masks: the short path
+            lambda Q, D: maxsim.maxsim(
+                Q, D, q_mask, q_lengths=q_len.int(), d_lengths=d_len.int(), backend=backend
+            ),
+            (Q, D4),
+        ),
         "maxsim_pairs": (lambda Q, D: maxsim.maxsim_pairs(Q, D, backend=backend), (Q, D[:3])),
         "scorer": (maxsim.MaxSimScorer(backend=backend), (Q, D)),
         "maxsim_varlen": (
@@ -126,6 +132,12 @@ def native_calls(backend, device):
         ),
         "score_candidates_padded": (
             lambda Q, D: maxsim.score_candidates_padded(Q, D, q_len, d_len, backend=backend),
+            (Q, D4),
+        ),
+        "score_candidates_padded int32": (
+            lambda Q, D: maxsim.score_candidates_padded(
+                Q, D, q_len.int(), d_len.int(), backend=backend
+            ),
             (Q, D4),
         ),
         "score_contrastive": (

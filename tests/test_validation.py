@@ -345,6 +345,11 @@ def test_masks_come_out_contiguous_bool():
         lambda: (t(2, 3, H, dtype=torch.bfloat16), t(4, 5, H, dtype=torch.bfloat16),
                  {"d_lengths": torch.tensor([0, 5, 2, 1], dtype=torch.int32)}),
         lambda: (t(1, 1, H), t(1, 1, 1, H), {}),
+        lambda: (t(2, 3, H), t(2, 6, 5, H),
+                 {"q_lengths": torch.tensor([3, 0], dtype=torch.int32),
+                  "d_lengths": torch.randint(0, 6, (2, 6), dtype=torch.int32)}),
+        lambda: (t(2, 3, H), t(4, 5, H),  # int64 lengths: converted on the short path too
+                 {"q_lengths": torch.tensor([3, 1]), "d_lengths": torch.tensor([0, 5, 2, 1])}),
     ],
 )
 def test_plain_calls_skip_the_layered_checks_with_the_same_token_sets(args):
@@ -352,10 +357,11 @@ def test_plain_calls_skip_the_layered_checks_with_the_same_token_sets(args):
     from maxsim import native
 
     Q, D, kw = args()
-    fast = native._plain_sets(Q, D, None, None, False, None, kw.get("d_lengths"))
+    q_lengths, d_lengths = kw.get("q_lengths"), kw.get("d_lengths")
+    fast = native._plain_sets(Q, D, None, None, False, q_lengths, d_lengths)
     assert fast is not None
     full_mask = torch.ones(D.shape[:-1])  # a float mask forces the checked path
-    layered = native.padded_sets(Q, D, None, full_mask, False, d_lengths=kw.get("d_lengths"))
+    layered = native.padded_sets(Q, D, None, full_mask, False, q_lengths, d_lengths)
     for a, b in zip(fast[0], layered[0], strict=True):  # queries: identical
         assert a is b or torch.equal(a, b)
     assert torch.equal(fast[1].x, layered[1].x) and fast[2:] == layered[2:]
@@ -389,12 +395,13 @@ def test_bool_masks_take_the_plain_path_with_the_same_token_sets(rank):
 @pytest.mark.parametrize(
     "kw",
     [
-        {"d_lengths": torch.tensor([1, 2, 3, 4])},  # int64: converted by the full path
+        {"d_lengths": torch.tensor([1, 0, 2, 0, 3, 0, 4, 0], dtype=torch.int32)[::2]},  # strided
+        {"d_lengths": torch.tensor([1, 2, 3, 4], dtype=torch.int16)},  # not an index dtype
         {"d_mask": torch.ones(4, 5)},  # float: converted by the full path
         {"d_mask": torch.ones(4, 10, dtype=torch.bool)[:, ::2]},  # not contiguous
         {"q_mask": torch.ones(2, 3, dtype=torch.int64)},
         {"normalize": True},
-        {"q_lengths": torch.tensor([1, 2], dtype=torch.int32)},
+        {"q_lengths": torch.tensor([1, 2, 3], dtype=torch.int32)},  # the wrong shape
     ],
 )
 def test_calls_with_more_than_the_plain_arguments_take_the_checked_path(kw):

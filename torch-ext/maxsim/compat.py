@@ -8,11 +8,18 @@ is padding or meets no valid document token.
 """
 
 from . import validation as check
-from .dispatch import forward
+from .dispatch import forward, fwd
 from .layouts import ALLPAIRS, GROUPED, PAIRS
+from .native import plain_call
 
 
 def _candidates(queries, documents, query_lengths, doc_lengths, want_argmax, backend):
+    out = plain_call(
+        queries, documents, None, None, query_lengths, doc_lengths, want_argmax, backend, 4,
+        ("query_lengths", "doc_lengths"),
+    )
+    if out is not None:  # the native surface's call, as is
+        return out
     queries = check.embeddings("queries", queries, ("B", "Lq", "D"))
     documents = check.embeddings("documents", documents, ("B", "K", "Ld", "D"))
     check.same_space("queries", queries, "documents", documents)
@@ -51,9 +58,11 @@ def _contrastive(queries, documents, document_offsets, want_argmax, backend):
     queries = check.embeddings("queries", queries, ("Nq", "Lq", "D"))
     documents = check.embeddings("documents", documents, ("total_d_tokens", "D"))
     check.same_space("queries", queries, "documents", documents)
-    q = check.padded(queries)
-    d = check.packed(documents, document_offsets, offsets_name="document_offsets")
-    return forward(q, d, ALLPAIRS, max_lq=queries.size(1), want_argmax=want_argmax, backend=backend)
+    offsets = check.segment_offsets("document_offsets", document_offsets, documents)
+    return fwd(
+        backend, want_argmax, queries, documents, None, None, None, offsets, None, None, None,
+        None, ALLPAIRS, 0, queries.shape[1],
+    )
 
 
 def score_contrastive(queries, documents, document_offsets, *, backend="auto"):
@@ -85,26 +94,20 @@ def _pairs(
     documents = check.embeddings("documents", documents, ("total_d_tokens", "D"))
     check.same_space("queries", queries, "documents", documents)
     q = check.packed(queries, query_offsets, offsets_name="query_offsets")
-    d = check.packed(documents, document_offsets, offsets_name="document_offsets")
+    d_offsets = check.segment_offsets("document_offsets", document_offsets, documents)
     pair_q, pair_d = check.pair_ids(
         "pair_query_ids",
         pair_query_ids,
         "pair_document_ids",
         pair_document_ids,
         q.count,
-        d.count,
+        d_offsets.shape[0] - 1,
         queries.device,
     )
     max_lq = check.query_width("max_q_len", max_q_len, q)
-    return forward(
-        q,
-        d,
-        PAIRS,
-        pair_q=pair_q,
-        pair_d=pair_d,
-        max_lq=max_lq,
-        want_argmax=want_argmax,
-        backend=backend,
+    return fwd(
+        backend, want_argmax, queries, documents, q.offsets, None, None, d_offsets, None, None,
+        pair_q, pair_d, PAIRS, 0, max_lq,
     )
 
 

@@ -115,6 +115,14 @@ def select_ops(device: torch.device, backend: str = "auto"):
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
 
+def ops_for(x: torch.Tensor, backend: str = "auto"):
+    """:func:`select_ops` for tensors like ``x``, without building its device for a CUDA tensor
+    with the extension loaded (the common call)."""
+    if backend == "auto" and x.is_cuda and _CUDA_OPS is not None:
+        return _CUDA_OPS
+    return select_ops(x.device, backend)
+
+
 def needs_grad(*tensors: torch.Tensor) -> bool:
     """Whether autograd will need a backward through these inputs (so ``fwd`` keeps its argmax)."""
     if not torch.is_grad_enabled():
@@ -143,13 +151,16 @@ def forward(
     Shapes: scores fp32 by layout (``[Nq, Nd]``, ``[Nq, group]``, ``[P]``); argmax int32
     ``scores.shape + [max_lq]`` when computed, else ``[0]``.
     """
-    ops = select_ops(q.x.device, backend)
     sets = (q.offsets, q.lengths, q.mask, d.offsets, d.lengths, d.mask, pair_q, pair_d)
     if q.scale is not None or d.scale is not None:  # quantized tokens (quantize.scaled_operands)
-        return ops.fwd_scaled(
+        return ops_for(q.x, backend).fwd_scaled(
             q.x, q.scale, d.x, d.scale, *sets, layout, group, max_lq, want_argmax
         )
-    tf32 = q.x.dtype == torch.float32 and q.x.is_cuda and fp32_on_tf32()
-    return ops.fwd(
-        q.x, d.x, *sets, layout, group, max_lq, want_argmax or needs_grad(q.x, d.x), tf32
-    )
+    return fwd(backend, want_argmax, q.x, d.x, *sets, layout, group, max_lq)
+
+
+def fwd(backend: str, want_argmax: bool, q: torch.Tensor, d: torch.Tensor, *args):
+    """The ``fwd`` op on checked arguments (``args``: its arguments from ``q_offsets`` through
+    ``max_lq``), with the argmax where wanted or where an input requires grad: one op call."""
+    tf32 = q.dtype == torch.float32 and q.is_cuda and fp32_on_tf32()
+    return ops_for(q, backend).fwd(q, d, *args, want_argmax or needs_grad(q, d), tf32)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from . import validation as check
-from .dispatch import forward, select_ops
+from .dispatch import forward, fwd, select_ops
 from .layouts import ALLPAIRS, GROUPED, PAIRS
 from .quantize import QuantizedTokens, resolve, scaled_operands
 from .validation import TokenSet
@@ -32,60 +32,115 @@ def operands(Q, D, normalize, backend):
     return Q, D, None, None
 
 
-def _op_mask(m, shape, device):
-    """``m`` where it is already what the op takes (a contiguous bool tensor of ``shape`` on
-    ``device``), else None."""
-    if (
-        type(m) is torch.Tensor and m.dtype == torch.bool and m.device == device
-        and m.shape == shape and m.is_contiguous()
-    ):
-        return m
-    return None
+_LENGTH_NAMES = ("q_lengths", "d_lengths")
 
 
-def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, codes=False):
-    """:func:`padded_sets` of the most common calls (plain tensors of one float dtype, no
-    normalisation, no autocast, int32 document lengths or none, masks as contiguous bool tensors or
-    none) without the layers of checks, or None when the call is anything else (the full
-    path then checks it and raises what it must). The host work of a small call is its whole time.
-    ``codes``: Q and D are already the kernels' scaled operands (:func:`quantize.scaled_operands`
-    checked their dtypes)."""
-    if (
-        normalize or q_lengths is not None
-        or type(Q) is not torch.Tensor or type(D) is not torch.Tensor
-    ):
+def _op_tensor(t, dtype, shape, device) -> bool:
+    """Whether ``t`` is already what the op takes as it is: a contiguous ``dtype`` tensor of
+    ``shape`` on ``device``."""
+    return (
+        type(t) is torch.Tensor and t.dtype == dtype and t.device == device and t.shape == shape
+        and t.is_contiguous()
+    )
+
+
+def _index_tensor(t, shape, device) -> bool:
+    """Whether ``t`` is contiguous int32 / int64 of ``shape`` on ``device``."""
+    return (
+        type(t) is torch.Tensor and t.dtype in check.INDEX_DTYPES and t.device == device
+        and t.shape == shape and t.is_contiguous()
+    )
+
+
+def _plain_parts(
+    Q, D, q_mask, d_mask, q_lengths, d_lengths, codes=False, d_rank=None, names=_LENGTH_NAMES
+):
+    """What the op takes for the most common calls (plain tensors of one float dtype, no
+    normalisation, no autocast, contiguous int32 / int64 prefix lengths and bool masks of the
+    right shapes, or none): ``(d_x, q_lengths, q_mask, d_lengths, d_mask, layout, group)``;
+    None when the call is anything else (the checked path then converts it or raises what it
+    must). Shapes and dtypes only: the host work of a small call is its whole time. ``codes``: Q and D are already
+    the kernels' scaled operands (:func:`quantize.scaled_operands` checked their dtypes);
+    ``d_rank``: the only rank of ``D`` taken (None: 3 or 4); ``names``: the lengths' argument
+    names in errors."""
+    if type(Q) is not torch.Tensor or type(D) is not torch.Tensor:
         return None
-    dtype, rank = Q.dtype, D.dim()
+    q_shape, d_shape = Q.shape, D.shape
+    rank = len(d_shape)
+    if len(q_shape) != 3 or not (rank == d_rank if d_rank else 3 <= rank <= 4):
+        return None
+    nq, lq, h = q_shape
+    dtype = Q.dtype
     if (
-        (not codes and (D.dtype != dtype or dtype not in check.FLOAT_DTYPES)) or Q.dim() != 3
-        or rank not in (3, 4) or D.size(-1) != Q.size(-1) or Q.size(-1) == 0
-        or Q.stride(-1) != 1 or D.stride(-1) != 1 or (rank == 4 and D.size(0) != Q.size(0))
+        (not codes and (D.dtype != dtype or dtype not in check.FLOAT_DTYPES)) or h == 0
+        or d_shape[-1] != h or (rank == 4 and d_shape[0] != nq)
+        or Q.stride()[-1] != 1 or D.stride()[-1] != 1
     ):
         return None
     device = Q.device
-    if D.device != device or (not codes and check.autocast_enabled(device.type)):
+    if D.device != device or (
+        not codes and torch._C._is_any_autocast_enabled() and check.autocast_enabled(device.type)
+    ):
         return None
-    if d_lengths is not None:
+    if q_lengths is not None or d_lengths is not None:
         if (
-            type(d_lengths) is not torch.Tensor or d_lengths.dtype != torch.int32
-            or d_lengths.device != device or d_lengths.shape != D.shape[: rank - 2]
-            or not d_lengths.is_contiguous()
+            (q_lengths is not None and not _index_tensor(q_lengths, q_shape[:1], device))
+            or (d_lengths is not None  # [Nd] or [Nq, K]
+                and not _index_tensor(d_lengths, d_shape[: rank - 2], device))
         ):
             return None
-        check.check_lengths("d_lengths", d_lengths, D.size(-2))
-        if rank == 4:
+        if Q.is_cpu:  # values are checked where reading them is free
+            if q_lengths is not None:
+                check.check_lengths(names[0], q_lengths, lq)
+            if d_lengths is not None:
+                check.check_lengths(names[1], d_lengths, d_shape[-2])
+        elif check.debug_enabled():
+            return None  # the checked path reads their values
+        if q_lengths is not None and q_lengths.dtype != torch.int32:
+            q_lengths = check.int32(q_lengths)
+        if d_lengths is not None and d_lengths.dtype != torch.int32:
+            d_lengths = check.int32(d_lengths)
+        if rank == 4 and d_lengths is not None:
             d_lengths = d_lengths.view(-1)
-    if q_mask is not None and _op_mask(q_mask, Q.shape[:2], device) is None:
+    if q_mask is not None and not _op_tensor(q_mask, torch.bool, q_shape[:2], device):
         return None
     if d_mask is not None:
-        if _op_mask(d_mask, D.shape[: rank - 1], device) is None:
+        if not _op_tensor(d_mask, torch.bool, d_shape[:-1], device):
             return None
         if rank == 4:
-            d_mask = d_mask.view(-1, D.size(2))
-    q = TokenSet(Q, mask=q_mask)
+            d_mask = d_mask.view(-1, d_shape[2])
     if rank == 3:
-        return q, TokenSet(D, None, d_lengths, d_mask), ALLPAIRS, 0
-    return q, TokenSet(D.flatten(0, 1), None, d_lengths, d_mask), GROUPED, D.size(1)
+        return D, q_lengths, q_mask, d_lengths, d_mask, ALLPAIRS, 0
+    return D.flatten(0, 1), q_lengths, q_mask, d_lengths, d_mask, GROUPED, d_shape[1]
+
+
+def plain_call(
+    Q, D, q_mask, d_mask, q_lengths, d_lengths, want_argmax, backend, d_rank=None,
+    names=_LENGTH_NAMES,
+):
+    """``fwd``'s outputs for a call :func:`_plain_parts` takes, from one op call and nothing
+    else; None for any other call."""
+    parts = _plain_parts(Q, D, q_mask, d_mask, q_lengths, d_lengths, False, d_rank, names)
+    if parts is None:
+        return None
+    d_x, q_lengths, q_mask, d_lengths, d_mask, layout, group = parts
+    return fwd(
+        backend, want_argmax, Q, d_x, None, q_lengths, q_mask, None, d_lengths, d_mask, None,
+        None, layout, group, Q.shape[1],
+    )
+
+
+def _plain_sets(Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, codes=False):
+    """:func:`padded_sets` of a call :func:`_plain_parts` takes, without the layers of checks;
+    None for any other call."""
+    if normalize:
+        return None
+    parts = _plain_parts(Q, D, q_mask, d_mask, q_lengths, d_lengths, codes)
+    if parts is None:
+        return None
+    d_x, q_lengths, q_mask, d_lengths, d_mask, layout, group = parts
+    q = TokenSet(Q, None, q_lengths, q_mask)
+    return q, TokenSet(d_x, None, d_lengths, d_mask), layout, group
 
 
 def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None, backend="auto"):
@@ -146,6 +201,10 @@ def padded_sets(Q, D, q_mask, d_mask, normalize, q_lengths=None, d_lengths=None,
 def _padded_call(
     Q, D, q_mask, d_mask, normalize, backend, want_argmax, q_lengths=None, d_lengths=None
 ):
+    if not normalize:
+        out = plain_call(Q, D, q_mask, d_mask, q_lengths, d_lengths, want_argmax, backend)
+        if out is not None:
+            return out
     q, d, layout, group = padded_sets(
         Q, D, q_mask, d_mask, normalize, q_lengths, d_lengths, backend
     )

@@ -51,24 +51,29 @@ def embeddings(name: str, x, dims: tuple, *, codes: bool = False) -> torch.Tenso
 
     Returned as is unless ``x.stride(-1) != 1`` (then a contiguous copy).
     """
-    what = "[" + ", ".join(dims) + "]"
-    require_tensor(name, x, what)
-    if x.dim() != len(dims):
-        raise ValueError(f"{name}: expected {len(dims)}-D {what}, got shape {_shape(x)}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor {_dims(dims)}, got {type(x).__name__}")
+    shape = x.shape
+    if len(shape) != len(dims):
+        raise ValueError(f"{name}: expected {len(dims)}-D {_dims(dims)}, got shape {_shape(x)}")
     if x.dtype not in FLOAT_DTYPES and not (codes and x.dtype in CODE_DTYPES):
         raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {x.dtype}")
-    if x.size(-1) == 0:
+    if shape[-1] == 0:
         raise ValueError(f"{name}: expected a non-empty embedding dim H, got shape {_shape(x)}")
-    return x if x.stride(-1) == 1 else x.contiguous()
+    return x if x.stride()[-1] == 1 else x.contiguous()
+
+
+def _dims(dims: tuple) -> str:
+    return "[" + ", ".join(dims) + "]"
 
 
 def values_checked(t: torch.Tensor) -> bool:
     """Whether the values of index tensor ``t`` are checked: always on the CPU (reading them is
     free), elsewhere only with ``MAXSIM_DEBUG=1``; never on ``meta`` nor while torch.compile
     traces (a check would break the graph)."""
-    if t.device.type == "cpu":
+    if t.is_cpu:
         return not torch.compiler.is_compiling()
-    return t.device.type != "meta" and debug_enabled()
+    return not t.is_meta and debug_enabled()
 
 
 def autocast_enabled(device_type: str) -> bool:
@@ -99,9 +104,10 @@ def same_space(
     device."""
     if same_dtype and d.dtype != q.dtype:
         raise TypeError(f"{d_name}: expected dtype {q.dtype} to match {q_name}, got {d.dtype}")
-    if d.size(-1) != q.size(-1):
+    h = q.shape[-1]
+    if d.shape[-1] != h:
         raise ValueError(
-            f"{d_name}: expected last dim {q.size(-1)} to match {q_name}, got shape {_shape(d)}"
+            f"{d_name}: expected last dim {h} to match {q_name}, got shape {_shape(d)}"
         )
     if d.device != q.device:
         raise ValueError(f"{d_name}: expected device {q.device} like {q_name}, got {d.device}")
@@ -131,12 +137,13 @@ def index(name: str, t, shape: tuple, device: torch.device) -> torch.Tensor:
     tensor). int64 values past the int32 range saturate (so they stay out of range) rather than
     wrap."""
     require_index(name, t, shape, device)
-    return _int32(t)
+    return int32(t)
 
 
-def _int32(t: torch.Tensor) -> torch.Tensor:
+def int32(t: torch.Tensor) -> torch.Tensor:
+    """Index values as a contiguous int32 tensor (no copy when they are one already)."""
     if t.dtype == torch.int32:
-        return t.contiguous()
+        return t if t.is_contiguous() else t.contiguous()
     return t.clamp(_INT32.min, _INT32.max).to(torch.int32).contiguous()
 
 
@@ -161,10 +168,12 @@ def padded(
     """A padded token set ``x [N, L, H]``, optional prefix ``lengths`` (of ``lengths_shape``,
     ``[N]`` by default, e.g. ``[Nq, K]`` for ``N = Nq * K``) and ``mask [N, L]``."""
     n, width = x.shape[:2]
+    if lengths is None and m is None:
+        return TokenSet(x)
     if lengths is not None:
         require_index(lengths_name, lengths, lengths_shape or (n,), x.device)
         check_lengths(lengths_name, lengths, width)
-        lengths = _int32(lengths).view(n)
+        lengths = int32(lengths).view(n)
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
 
 
@@ -178,30 +187,39 @@ def packed(
     x: torch.Tensor, offsets, *, offsets_name="offsets", m=None, mask_name="mask"
 ) -> TokenSet:
     """A packed token set ``x [T, H]`` split by ``offsets [N+1]``, optional ``mask [T]``."""
-    require_tensor(offsets_name, offsets, "of shape [N+1]")
-    if offsets.dim() != 1 or offsets.size(0) < 1:
+    offsets = segment_offsets(offsets_name, offsets, x)
+    m = None if m is None else mask(mask_name, m, (x.shape[0],), x.device)
+    return TokenSet(x, offsets, None, m)
+
+
+def segment_offsets(name: str, offsets, x: torch.Tensor) -> torch.Tensor:
+    """CSR offsets ``[N+1]`` of the packed tokens ``x [T, H]``, returned as int32 (checked
+    where their values are)."""
+    require_tensor(name, offsets, "of shape [N+1]")
+    shape = offsets.shape
+    if len(shape) != 1 or shape[0] < 1:
         raise ValueError(
-            f"{offsets_name}: expected 1-D [N+1] with at least one entry, "
-            f"got shape {_shape(offsets)}"
+            f"{name}: expected 1-D [N+1] with at least one entry, got shape {_shape(offsets)}"
         )
-    require_index(offsets_name, offsets, tuple(offsets.shape), x.device)
+    require_index(name, offsets, shape, x.device)
     if values_checked(offsets):
-        _check_offsets(offsets_name, offsets, x.size(0))
-    return TokenSet(x, offsets=_int32(offsets), mask=mask(mask_name, m, (x.size(0),), x.device))
+        _check_offsets(name, offsets, x.shape[0])
+    return int32(offsets)
 
 
 def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device) -> tuple:
     """Pair lists ``[P]`` each, indexing existing segments (checked where values are)."""
     require_tensor(q_name, pair_q, "of shape [P]")
-    if pair_q.dim() != 1:
+    shape = pair_q.shape
+    if len(shape) != 1:
         raise ValueError(f"{q_name}: expected 1-D [P], got shape {_shape(pair_q)}")
-    require_index(q_name, pair_q, tuple(pair_q.shape), device)
-    require_index(d_name, pair_d, tuple(pair_q.shape), device)
+    require_index(q_name, pair_q, shape, device)
+    require_index(d_name, pair_d, shape, device)
     if values_checked(pair_q):
         check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
     if values_checked(pair_d):
         check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
-    return _int32(pair_q), _int32(pair_d)
+    return int32(pair_q), int32(pair_d)
 
 
 def integer(name: str, value, low: int = 0, high=None) -> int:
