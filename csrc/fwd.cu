@@ -173,12 +173,16 @@ double multiply_adds(const FwdParams& p) {
 // their start, and the CUDA-core blocks start sooner.
 constexpr double kFp32TensorCoreMacs = double(1 << 24);
 
+// Split-TF32 sums of more dims than this drift past the fp32 contract (1e-6 relative; 1.6e-6
+// measured at 256 dims), so exact fp32 calls of wider rows stay on the CUDA cores.
+constexpr int kSplitTf32MaxDim = 128;
+
 // Whether the tensor cores take the call: sm_80+, 16-byte rows of at most 256 dims (codes: whole
-// 16-byte copies of 16 dims; fp32: four).
+// 16-byte copies of 16 dims; fp32: four, and at most kSplitTf32MaxDim for the split products).
 bool tensor_cores_take(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   if (dtype == DType::kF32)
-    return dev.sm >= 80 && p.dim % 4 == 0 && p.dim <= 256 && aligned16(p.q, 4) &&
-           aligned16(p.d, 4);
+    return dev.sm >= 80 && p.dim % 4 == 0 && p.dim <= (p.tf32 ? 256 : kSplitTf32MaxDim) &&
+           aligned16(p.q, 4) && aligned16(p.d, 4);
   const bool bytes = byte_rows(p);
   return dev.sm >= 80 && p.dim % (bytes ? 16 : 8) == 0 && p.dim <= 256 && aligned16(p.q) &&
          aligned16(p.d, bytes ? 16 : 8);

@@ -133,6 +133,14 @@ int main() {
     expect(on_h100 == w.h100, "fp32: not the planned tile", h100, cases[w.at], on_h100);
     expect(on_sm86 == w.sm86, "fp32: not the planned tile", devices[1], cases[w.at], on_sm86);
   }
+  // Exact fp32 rows wider than the split products keep (dim256_short): the CUDA cores; single
+  // TF32 takes the tensor cores there.
+  FwdParams wide = params(cases[5]);
+  const Tile exact_wide = plan_fwd(wide, DType::kF32, h100).tile;
+  expect(exact_wide == Tile::kSimt, "fp32 exact over 256 dims: not the CUDA cores", h100, cases[5], exact_wide);
+  wide.tf32 = true;
+  const Tile tf32_wide = plan_fwd(wide, DType::kF32, h100).tile;
+  expect(tf32_wide != Tile::kSimt, "fp32 TF32 over 256 dims: not the tensor cores", h100, cases[5], tf32_wide);
   std::printf("plan check: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
