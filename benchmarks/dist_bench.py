@@ -46,6 +46,8 @@ FULL = {"queries": 128, "docs": 128, "lq": 32, "ld": 256, "dim": 128, "dtype": "
 SMALL = {"queries": 8, "docs": 8, "lq": 8, "ld": 16, "dim": 32, "dtype": "fp32",
          "corpus": 300, "corpus_ld": 32, "retrieve_queries": 4, "top_k": 10}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Settings that change the host's or the link's cost of a collective, recorded where set.
+HOST_KNOBS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "NCCL_PROTO", "NCCL_ALGO")
 STEP_TARGET, RETRIEVE_TARGET = 1.15, 1.8  # at most x the single-GPU step; at least x throughput
 
 
@@ -99,22 +101,26 @@ def random_batch(shape, dtype, device, seed):
     return q, d
 
 
+UPSTREAM = 0.5  # the checks' upstream gradient: not 1, so that its scaling is checked too
+
+
 def step(fn, Q, D, **kw):
-    """One training step's loss and gradients with respect to the embeddings."""
+    """One training step's loss and the gradients of ``UPSTREAM * loss`` w.r.t. the embeddings."""
     Q, D = Q.detach().requires_grad_(), D.detach().requires_grad_()
     loss = fn(Q, D, **kw)
-    loss.backward()
+    (loss * UPSTREAM).backward()
     return loss.detach(), Q.grad, D.grad
 
 
 def loss_f64(Q, D, temperature):
-    """The whole batch's loss and gradients in float64 (the truth that fp32 is checked against)."""
+    """The whole batch's loss and :func:`step`'s gradients in float64 (the truth that fp32 is
+    checked against)."""
     Q, D = Q.detach().double().requires_grad_(), D.detach().double().requires_grad_()
     valid = lambda x: torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # noqa: E731
     scores = maxsim_reference_padded(Q[:, None], valid(Q)[:, None], D[None], valid(D)[None])[0]
     loss = torch.nn.functional.cross_entropy(scores / temperature, torch.arange(len(Q),
                                                                                 device=Q.device))
-    loss.backward()
+    (loss * UPSTREAM).backward()
     return loss.detach(), Q.grad, D.grad
 
 
@@ -291,7 +297,9 @@ def main(argv=None):
         commit, dirty = git_state()
         doc = {"world": world, "backend": dist.get_backend(), "commit": commit, "dirty": dirty,
                "device": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-               "torch": torch.__version__, "shape": shape, "checks": checks, **result}
+               "torch": torch.__version__, "shape": shape, "checks": checks,
+               "premultiplied_reduce_scatter": use_cuda and distributed._PREMUL[0],
+               "env": {k: os.environ[k] for k in HOST_KNOBS if k in os.environ}, **result}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         ok = all(c["ok"] for c in checks) and all(

@@ -381,12 +381,11 @@ class _FusedStep(torch.autograd.Function):
         factor = grad * c.share if c.share != 1.0 else grad
         works = []
         mine, held = _FusedStep.start_return(c, dd, slot, factor, works)
-        # In place, while the documents' gradient travels: the step's own buffer, nothing new.
-        dQ = dq.mul_(factor)
-        _mark("scale")
         _wait(works)
         del held  # the collective has read it
         _mark("reduce_scatter")
+        dQ = dq.mul_(factor)  # in place: the step's own buffer, nothing new
+        _mark("scale")
         n, ld = c.d.x.shape[:2]
         return dQ, mine[:n, :ld], None
 
