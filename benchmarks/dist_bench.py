@@ -3,6 +3,7 @@ where the time goes.
 
     torchrun --nproc-per-node 2 benchmarks/dist_bench.py --out bench_results/dist_h100x2.json
     torchrun --nproc-per-node 2 benchmarks/dist_bench.py --profile   # + torch.profiler tables
+    torchrun --nproc-per-node 2 benchmarks/dist_bench.py --graph     # + CUDA graph replays
     python -m torch.distributed.run --nproc-per-node 2 benchmarks/dist_bench.py --small  # CPU
 
 Each measurement is checked on rank 0 against one process holding everything first:
@@ -150,10 +151,12 @@ def check_contrastive(shape, dtype, device, temperature, overlap=False):
     return out
 
 
-def bench_contrastive(shape, device, reps, profile_out=None):
+def bench_contrastive(shape, device, reps, profile_out=None, graph=False):
     """The gathered step's paths against the single-GPU step at the same batch and at twice its
     documents (each rank scores every rank's documents: the compute a rank cannot shed), the
-    phases of both paths, the collectives alone, and (``profile_out``) a profiler table."""
+    phases of both paths, the collectives alone, (``profile_out``) a profiler table, and
+    (``graph``) the fused gathered step and the one-GPU step replayed as CUDA graphs: the steps
+    without their host work."""
     dtype = DTYPES[shape["dtype"]]
     Q, D = random_batch(shape, dtype, device, seed=200 + dist.get_rank())
     _, more = random_batch(shape, dtype, device, seed=900 + dist.get_rank())
@@ -187,6 +190,9 @@ def bench_contrastive(shape, device, reps, profile_out=None):
     ms["phases_fused"] = dist_report.phase_table(gathered, device, reps)
     ms["phases_overlap"] = dist_report.phase_table(lambda: gathered(overlap=True), device, reps)
     ms["collectives_alone"] = dist_report.collectives_alone(D, device, reps, time_ms)
+    if graph:
+        for name, fn in (("gathered_graph_ms", gathered), ("single_gpu_graph_ms", single(D))):
+            ms[name] = slowest(time_ms(dist_report.graphed(fn), device, reps), device)
     if profile_out:
         table, trace = dist_report.profile(gathered, device, profile_out)
         ms["profile_trace"] = trace
@@ -269,6 +275,9 @@ def parse_args(argv=None):
     ap.add_argument("--backend", default="cpu:gloo,cuda:nccl",
                     help="the process group's backend on GPUs (gloo beside NCCL keeps the shape "
                          "exchange on the host; 'nccl' alone if gloo cannot start)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time the fused gathered step and the one-GPU step as CUDA graph "
+                         "replays (NCCL collectives captured): the GPU's time without the host's")
     ap.add_argument("--profile", action="store_true",
                     help="also run torch.profiler over 5 gathered steps: rank 0 prints its table, "
                          "every rank writes a Chrome trace next to --out")
@@ -291,7 +300,8 @@ def main(argv=None):
     checks = [check_contrastive(shape, dtype, device, 0.05, overlap)
               for dtype in (torch.float32, DTYPES[shape["dtype"]]) for overlap in (False, True)]
     result = {"contrastive": bench_contrastive(shape, device, reps,
-                                               args.out if args.profile else None),
+                                               args.out if args.profile else None,
+                                               args.graph and use_cuda),
               "retrieve": bench_retrieve(shape, device, reps)}
     if rank == 0:
         commit, dirty = git_state()
