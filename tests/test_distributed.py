@@ -68,6 +68,9 @@ def _cases(rank, data):
     q, d = data["uniform"][rank]
     out["uniform"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
     out["uniform_again"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
+    # other documents of the same shapes in between (the gathered buffer is reused)
+    _loss_and_grads(q, d.flip(0) * 2, temperature=0.05, same_shapes=True)
+    out["uniform_after_other"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
     # a different upstream gradient on each rank: each scales its own share of every gradient
     out["uniform_scaled"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True,
                                             upstream=torch.tensor(0.5 * (rank + 1)))
@@ -249,6 +252,14 @@ def test_upstream_gradient_scales_each_ranks_share(run):
         for got_grad, whole in ((got["uniform_scaled"][1], Q.grad), (got["uniform_scaled"][2],
                                                                      D.grad)):
             assert _relative_error(got_grad / WORLD, whole[r * n:(r + 1) * n]) <= 1e-5
+
+
+def test_repeated_steps_are_bit_identical(run):
+    """Deterministic, and nothing of a call (its reused buffers) leaks into the next."""
+    for r in run[1]:
+        for case in ("uniform_again", "uniform_after_other"):
+            for got, first in zip(r[case], r["uniform"]):
+                assert torch.equal(got, first)
 
 
 def test_loss_without_gradients_is_the_same(run):

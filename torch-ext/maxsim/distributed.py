@@ -341,11 +341,16 @@ def _bwd(c, grad, d, argmax):
 
 def _gathered_docs(c):
     """Every rank's documents, once they have arrived (no overlap)."""
-    works = []
-    pending = _start_gather(c.d, c.layout, c.group, works, reuse=c.plan.buffers, async_op=False)
+    works, kept = [], c.plan.buffers
+    pending = _start_gather(c.d, c.layout, c.group, works, reuse=kept, async_op=False)
     _wait(works)
     _mark("gather")
-    return _docs_of(_arrived(pending, c.layout), c.layout, list(range(len(c.layout.parts))))
+    if "docs" in kept:  # a view of the same buffer: the same view
+        return kept["docs"]
+    docs = _docs_of(_arrived(pending, c.layout), c.layout, list(range(len(c.layout.parts))))
+    if pending[1] is None and isinstance(docs[1], slice):  # not a copy, no per-call metadata
+        kept["docs"] = docs
+    return docs
 
 
 def _loss_only(c):
