@@ -182,7 +182,8 @@ def summary(doc):
         f"  phases, overlap: {_phases_line(c['phases_overlap'])}",
     ]
     lines.append(f"  documents' gradient scaled inside the reduce-scatter (NCCL pre-multiplied "
-                 f"sum): {doc.get('premultiplied_reduce_scatter')}; settings: {doc.get('env') or {}}")
+                 f"sum): {doc.get('premultiplied_reduce_scatter')}; "
+                 f"settings: {doc.get('env') or {}}")
     t = c["collectives_alone"]
     lines.append(
         f"  collectives alone, {t['bytes_per_rank'] / 1e6:.1f} MB a rank: all-gather "

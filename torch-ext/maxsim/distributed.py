@@ -88,8 +88,9 @@ def _opts(kind, async_op):
 
 # One of each, reused: asyncOp False lets NCCL run on the caller's stream (no event pair, no
 # stream bookkeeping) where nothing is to overlap with the transfer.
-_GATHER_OPTS = {a: _opts(AllgatherOptions, a) for a in (False, True)} if AllgatherOptions else None
-_SUM_OPTS = {a: _opts(ReduceScatterOptions, a) for a in (False, True)} if AllgatherOptions else None
+if AllgatherOptions is not None:
+    _GATHER_OPTS = {a: _opts(AllgatherOptions, a) for a in (False, True)}
+    _SUM_OPTS = {a: _opts(ReduceScatterOptions, a) for a in (False, True)}
 
 
 def _gather(out, x, pg, works, async_op=True):
@@ -446,7 +447,7 @@ class _OverlappedStep(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         c, (grad, first, local_argmax, remote) = ctx.call, ctx.saved
-        grad = grad * (grad_loss * c.share)
+        grad = grad * (grad_loss * c.share if c.share != 1.0 else grad_loss)
         n, ld = c.d.x.shape[:2]
         works, mine, dq_remote = [], None, None
         if remote is not None:
