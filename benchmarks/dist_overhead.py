@@ -24,9 +24,10 @@ from maxsim import distributed  # noqa: E402
 from wrapper_overhead import per_call_us  # noqa: E402
 
 
-def per_step_us(fn):
-    """Best of 30 averages over 300 steps (the machine's noise: the best is the Python layer)."""
-    return per_call_us(fn, n=300, rounds=30)
+def per_step_us(fn, steps=300):
+    """Best of 30 averages over ``steps`` steps (the machine's noise: the best is the Python
+    layer)."""
+    return per_call_us(fn, n=steps, rounds=30)
 
 
 def stub_ops(B, N, world, Lq, Ld, H):
@@ -47,6 +48,7 @@ def stub_ops(B, N, world, Lq, Ld, H):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gloo", action="store_true", help="gloo, world 1, instead of fake, world 2")
+    ap.add_argument("--steps", type=int, default=300, help="steps per timed round")
     args = ap.parse_args(argv)
     if args.gloo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -68,8 +70,8 @@ def main(argv=None):
     with torch.no_grad():
         def no_grad():
             distributed.contrastive_loss(Q, D, temperature=0.05, same_shapes=True)
-        rows = [("no grad, same_shapes", per_step_us(no_grad))]
-    rows += [(name, per_step_us(step(**kw))) for name, kw in (
+        rows = [("no grad, same_shapes", per_step_us(no_grad, args.steps))]
+    rows += [(name, per_step_us(step(**kw), args.steps)) for name, kw in (
         ("fused, same_shapes", {"same_shapes": True}),
         ("fused, shapes exchanged", {}),
         ("overlap, same_shapes", {"same_shapes": True, "overlap": True}),

@@ -4,6 +4,7 @@ GPU, no peers needed)."""
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -471,3 +472,12 @@ def test_call_tiny_and_the_floor_stand_in_on_the_cpu():
                             max_sets=1)
     q, d = train.sets[0]["Q"], train.sets[0]["D"]
     assert workloads.floor_scores(q, d).shape == (q.size(0), d.size(0))
+
+
+def test_dist_overhead_times_every_path_of_the_python_layer():
+    """The gathered loss's Python layer with stubbed ops on the two-rank ``fake`` group."""
+    script = Path(__file__).resolve().parent / "dist_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    for row in ("no grad", "fused, same_shapes", "fused, shapes exchanged", "overlap"):
+        assert row in out
