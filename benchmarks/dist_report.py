@@ -173,6 +173,8 @@ def summary(doc):
                        ("single_gpu_graph_ms", "one GPU, same batch, CUDA graph replay")):
         if key in c:  # --graph: the GPU's time alone
             lines.append(f"  {label:34s} {c[key]:8.3f}")
+        elif key.replace("_ms", "_error") in c:
+            lines.append(f"  {label:34s} failed: {c[key.replace('_ms', '_error')]}")
     lines += [
         f"  ratio to one GPU: {c['ratio']:.2f}x (target <= {c['target_ratio_at_most']}x: "
         f"{_verdict(c['ratio'] <= c['target_ratio_at_most'])}); best path: {c['best']}",
