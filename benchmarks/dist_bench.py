@@ -3,6 +3,7 @@ where the time goes.
 
     torchrun --nproc-per-node 2 benchmarks/dist_bench.py --out bench_results/dist_h100x2.json
     torchrun --nproc-per-node 2 benchmarks/dist_bench.py --profile   # + torch.profiler tables
+    torchrun --nproc-per-node 2 benchmarks/dist_bench.py --graph     # + CUDA graph replays
     python -m torch.distributed.run --nproc-per-node 2 benchmarks/dist_bench.py --small  # CPU
 
 Each measurement is checked on rank 0 against one process holding everything first:
@@ -46,6 +47,8 @@ FULL = {"queries": 128, "docs": 128, "lq": 32, "ld": 256, "dim": 128, "dtype": "
 SMALL = {"queries": 8, "docs": 8, "lq": 8, "ld": 16, "dim": 32, "dtype": "fp32",
          "corpus": 300, "corpus_ld": 32, "retrieve_queries": 4, "top_k": 10}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Settings that change the host's or the link's cost of a collective, recorded where set.
+HOST_KNOBS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "NCCL_PROTO", "NCCL_ALGO")
 STEP_TARGET, RETRIEVE_TARGET = 1.15, 1.8  # at most x the single-GPU step; at least x throughput
 
 
@@ -99,22 +102,26 @@ def random_batch(shape, dtype, device, seed):
     return q, d
 
 
+UPSTREAM = 0.5  # the checks' upstream gradient: not 1, so that its scaling is checked too
+
+
 def step(fn, Q, D, **kw):
-    """One training step's loss and gradients with respect to the embeddings."""
+    """One training step's loss and the gradients of ``UPSTREAM * loss`` w.r.t. the embeddings."""
     Q, D = Q.detach().requires_grad_(), D.detach().requires_grad_()
     loss = fn(Q, D, **kw)
-    loss.backward()
+    (loss * UPSTREAM).backward()
     return loss.detach(), Q.grad, D.grad
 
 
 def loss_f64(Q, D, temperature):
-    """The whole batch's loss and gradients in float64 (the truth that fp32 is checked against)."""
+    """The whole batch's loss and :func:`step`'s gradients in float64 (the truth that fp32 is
+    checked against)."""
     Q, D = Q.detach().double().requires_grad_(), D.detach().double().requires_grad_()
     valid = lambda x: torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # noqa: E731
     scores = maxsim_reference_padded(Q[:, None], valid(Q)[:, None], D[None], valid(D)[None])[0]
     loss = torch.nn.functional.cross_entropy(scores / temperature, torch.arange(len(Q),
                                                                                 device=Q.device))
-    loss.backward()
+    (loss * UPSTREAM).backward()
     return loss.detach(), Q.grad, D.grad
 
 
@@ -144,10 +151,12 @@ def check_contrastive(shape, dtype, device, temperature, overlap=False):
     return out
 
 
-def bench_contrastive(shape, device, reps, profile_out=None):
+def bench_contrastive(shape, device, reps, profile_out=None, graph=False):
     """The gathered step's paths against the single-GPU step at the same batch and at twice its
     documents (each rank scores every rank's documents: the compute a rank cannot shed), the
-    phases of both paths, the collectives alone, and (``profile_out``) a profiler table."""
+    phases of both paths, the collectives alone, (``profile_out``) a profiler table, and
+    (``graph``) the fused gathered step and the one-GPU step replayed as CUDA graphs: the steps
+    without their host work."""
     dtype = DTYPES[shape["dtype"]]
     Q, D = random_batch(shape, dtype, device, seed=200 + dist.get_rank())
     _, more = random_batch(shape, dtype, device, seed=900 + dist.get_rank())
@@ -181,6 +190,12 @@ def bench_contrastive(shape, device, reps, profile_out=None):
     ms["phases_fused"] = dist_report.phase_table(gathered, device, reps)
     ms["phases_overlap"] = dist_report.phase_table(lambda: gathered(overlap=True), device, reps)
     ms["collectives_alone"] = dist_report.collectives_alone(D, device, reps, time_ms)
+    if graph:
+        for name, fn in (("single_gpu_graph_ms", single(D)), ("gathered_graph_ms", gathered)):
+            try:  # every rank fails alike (same code, same shapes): recorded, not fatal
+                ms[name] = slowest(time_ms(dist_report.graphed(fn), device, reps), device)
+            except RuntimeError as e:
+                ms[name.replace("_ms", "_error")] = repr(e)[:300]
     if profile_out:
         table, trace = dist_report.profile(gathered, device, profile_out)
         ms["profile_trace"] = trace
@@ -263,6 +278,9 @@ def parse_args(argv=None):
     ap.add_argument("--backend", default="cpu:gloo,cuda:nccl",
                     help="the process group's backend on GPUs (gloo beside NCCL keeps the shape "
                          "exchange on the host; 'nccl' alone if gloo cannot start)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time the fused gathered step and the one-GPU step as CUDA graph "
+                         "replays (NCCL collectives captured): the GPU's time without the host's")
     ap.add_argument("--profile", action="store_true",
                     help="also run torch.profiler over 5 gathered steps: rank 0 prints its table, "
                          "every rank writes a Chrome trace next to --out")
@@ -285,13 +303,16 @@ def main(argv=None):
     checks = [check_contrastive(shape, dtype, device, 0.05, overlap)
               for dtype in (torch.float32, DTYPES[shape["dtype"]]) for overlap in (False, True)]
     result = {"contrastive": bench_contrastive(shape, device, reps,
-                                               args.out if args.profile else None),
+                                               args.out if args.profile else None,
+                                               args.graph and use_cuda),
               "retrieve": bench_retrieve(shape, device, reps)}
     if rank == 0:
         commit, dirty = git_state()
         doc = {"world": world, "backend": dist.get_backend(), "commit": commit, "dirty": dirty,
                "device": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-               "torch": torch.__version__, "shape": shape, "checks": checks, **result}
+               "torch": torch.__version__, "shape": shape, "checks": checks,
+               "premultiplied_reduce_scatter": use_cuda and distributed._PREMUL[0],
+               "env": {k: os.environ[k] for k in HOST_KNOBS if k in os.environ}, **result}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         ok = all(c["ok"] for c in checks) and all(

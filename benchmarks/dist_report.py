@@ -99,6 +99,21 @@ def collectives_alone(D, device, reps, time_ms):
             "reduce_scatter_ms": rs, "reduce_scatter_GBps": moved / rs / 1e6}
 
 
+def graphed(fn, warmup=3):
+    """``fn`` (every rank's, collectives included) captured in one CUDA graph after a warm-up on
+    a side stream; returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def profile(fn, device, out, steps=5):
     """torch.profiler over ``steps`` calls of ``fn`` on every rank: a Chrome trace per rank next to
     ``out``; returns rank's table of the ops by device time (by CPU time on CPU)."""
@@ -154,6 +169,12 @@ def summary(doc):
                        ("single_gpu_2x_docs_ms", "one GPU, 2x docs (the floor)"),
                        ("single_gpu_2x_docs_fused_step_ms", "one GPU, 2x docs, fused step")):
         lines.append(f"  {label:34s} {c[key]:8.3f}")
+    for key, label in (("gathered_graph_ms", "gathered, fused, CUDA graph replay"),
+                       ("single_gpu_graph_ms", "one GPU, same batch, CUDA graph replay")):
+        if key in c:  # --graph: the GPU's time alone
+            lines.append(f"  {label:34s} {c[key]:8.3f}")
+        elif key.replace("_ms", "_error") in c:
+            lines.append(f"  {label:34s} failed: {c[key.replace('_ms', '_error')]}")
     lines += [
         f"  ratio to one GPU: {c['ratio']:.2f}x (target <= {c['target_ratio_at_most']}x: "
         f"{_verdict(c['ratio'] <= c['target_ratio_at_most'])}); best path: {c['best']}",
@@ -162,6 +183,9 @@ def summary(doc):
         f"  phases, fused: {_phases_line(c['phases_fused'])}",
         f"  phases, overlap: {_phases_line(c['phases_overlap'])}",
     ]
+    lines.append(f"  documents' gradient scaled inside the reduce-scatter (NCCL pre-multiplied "
+                 f"sum): {doc.get('premultiplied_reduce_scatter')}; "
+                 f"settings: {doc.get('env') or {}}")
     t = c["collectives_alone"]
     lines.append(
         f"  collectives alone, {t['bytes_per_rank'] / 1e6:.1f} MB a rank: all-gather "

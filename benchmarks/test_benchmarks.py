@@ -490,3 +490,12 @@ def test_wrapper_overhead_times_every_entry_point():
     assert {"score_candidates_padded call_tiny", "score_contrastive_train train_small",
             "score_pairs_packed (max_q_len)", "maxsim call_tiny (d_lengths)"} <= timed.keys()
     assert all(float(us) > 0 for row in timed.values() for us in row)
+
+
+def test_dist_overhead_times_every_path_of_the_python_layer():
+    """The gathered loss's Python layer with stubbed ops on the two-rank ``fake`` group."""
+    script = Path(__file__).resolve().parent / "dist_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    for row in ("no grad", "fused, same_shapes", "fused, shapes exchanged", "overlap"):
+        assert row in out

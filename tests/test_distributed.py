@@ -54,11 +54,12 @@ def _shard(x, rank):
     return x[start:start + CORPUS_SHARDS[rank]]
 
 
-def _loss_and_grads(*args, **kwargs):
-    """The rank's loss and its gradients with respect to its queries and documents."""
+def _loss_and_grads(*args, upstream=None, **kwargs):
+    """The rank's loss and its gradients with respect to its queries and documents (of
+    ``loss * upstream`` where given)."""
     Q, D = args[0].clone().requires_grad_(), args[1].clone().requires_grad_()
     loss = distributed.contrastive_loss(Q, D, *args[2:], **kwargs)
-    loss.backward()
+    (loss if upstream is None else loss * upstream).backward()
     return loss.detach(), Q.grad, D.grad
 
 
@@ -67,6 +68,12 @@ def _cases(rank, data):
     q, d = data["uniform"][rank]
     out["uniform"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
     out["uniform_again"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
+    # other documents of the same shapes in between (the gathered buffer is reused)
+    _loss_and_grads(q, d.flip(0) * 2, temperature=0.05, same_shapes=True)
+    out["uniform_after_other"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True)
+    # a different upstream gradient on each rank: each scales its own share of every gradient
+    out["uniform_scaled"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True,
+                                            upstream=torch.tensor(0.5 * (rank + 1)))
     out["uniform_overlap"] = _loss_and_grads(q, d, temperature=0.05, same_shapes=True,
                                              overlap=True)
     out["uniform_exchange"] = _loss_and_grads(q, d, temperature=0.05)
@@ -227,13 +234,41 @@ def test_uniform_lengths_equal_one_process(run, case):
     _check([r[case] for r in results], (loss.detach(), Q.grad, D.grad), truth, valid, 1e-6)
 
 
+def test_upstream_gradient_scales_each_ranks_share(run):
+    """Rank r's loss times g_r: the query gradients scale by g_r, each rank's document gradient
+    is the sum over ranks of g_s times rank s's part of it."""
+    data, results = run
+    Q, D, _, _ = _whole([q for q, _ in data["uniform"]], [d for _, d in data["uniform"]])
+    Q, D = Q.detach().double().requires_grad_(), D.detach().double().requires_grad_()
+    scores = torch.einsum("ith,juh->ijtu", Q, D).amax(3).sum(2)
+    losses = torch.nn.functional.cross_entropy(scores / 0.05, torch.arange(len(Q)),
+                                               reduction="none")
+    weights = torch.cat([torch.full((len(q),), 0.5 * (r + 1))
+                         for r, (q, _) in enumerate(data["uniform"])])
+    (losses * weights).mean().backward()
+    n = len(data["uniform"][0][0])
+    for r, got in enumerate(results):
+        torch.testing.assert_close(got["uniform_scaled"][0], got["uniform"][0])
+        for got_grad, whole in ((got["uniform_scaled"][1], Q.grad), (got["uniform_scaled"][2],
+                                                                     D.grad)):
+            assert _relative_error(got_grad / WORLD, whole[r * n:(r + 1) * n]) <= 1e-5
+
+
+def test_repeated_steps_are_bit_identical(run):
+    """Deterministic, and nothing of a call (its reused buffers) leaks into the next."""
+    for r in run[1]:
+        for case in ("uniform_again", "uniform_after_other"):
+            for got, first in zip(r[case], r["uniform"]):
+                assert torch.equal(got, first)
+
+
 def test_loss_without_gradients_is_the_same(run):
     for r in run[1]:
         torch.testing.assert_close(r["uniform_no_grad"], r["uniform"][0], rtol=1e-6, atol=0)
 
 
 def test_phase_marks_name_every_phase_in_order(run):
-    fused = ["gather", "step", "scale", "reduce_scatter"]
+    fused = ["gather", "step", "reduce_scatter", "scale"]
     overlapped = ["local_score", "gather_wait", "remote_score", "loss", "remote_backward",
                   "local_backward", "reduce_scatter_wait"]
     for r in run[1]:

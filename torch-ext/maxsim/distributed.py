@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.overrides import has_torch_function
 
 from . import validation as check
 from .dispatch import select_ops
@@ -22,6 +23,11 @@ from .retrieve import retrieve as _retrieve_local
 # torch renamed the tensor collectives; the old names stay for torch before the rename.
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+try:  # the process group's own calls, under the public functions' per-call checks
+    from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+except ImportError:  # pragma: no cover - torch without them: the public functions
+    AllgatherOptions = ReduceScatterOptions = None
 
 _NO_DOC = torch.iinfo(torch.int64).min  # below every key of _rank_keys: a shard's empty slot
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # their index travels in the exchange
@@ -62,6 +68,61 @@ def _wait(works):
     works.clear()
 
 
+def _process_group(group):
+    return group if group is not None else dist.distributed_c10d._get_default_group()
+
+
+def _direct(pg, x, name):
+    """The process group's method ``name``, where calling it directly is equivalent to the public
+    function (no torch function override or mode to honour); else None."""
+    if AllgatherOptions is None or has_torch_function((x,)):
+        return None
+    return getattr(pg, name, None)
+
+
+def _opts(kind, async_op):
+    opts = kind()
+    opts.asyncOp = async_op
+    return opts
+
+
+# One of each, reused: asyncOp False lets NCCL run on the caller's stream (no event pair, no
+# stream bookkeeping) where nothing is to overlap with the transfer.
+if AllgatherOptions is not None:
+    _GATHER_OPTS = {a: _opts(AllgatherOptions, a) for a in (False, True)}
+    _SUM_OPTS = {a: _opts(ReduceScatterOptions, a) for a in (False, True)}
+
+
+def _gather(out, x, pg, works, async_op=True):
+    """Starts the all-gather of flat ``x`` into flat ``out``; its handle goes to ``works``."""
+    call = _direct(pg, x, "_allgather_base")
+    if call is None:
+        work = _gather_into(out, x, group=pg, async_op=async_op)
+    else:
+        work = call(out, x, _GATHER_OPTS[async_op])
+    if work is not None:
+        works.append(work)
+
+
+def _sum_scatter(out, x, pg, works, async_op=True, factor=None):
+    """Starts the reduce-scatter (sum) of flat ``x`` into flat ``out``; its handle goes to
+    ``works``. ``factor`` (a one-element device tensor of ``x``'s dtype): every rank's ``x`` is
+    multiplied by its own factor inside the collective (NCCL's pre-multiplied sum), with no pass
+    of its own over ``x``."""
+    op = dist.ReduceOp.SUM if factor is None else dist._make_nccl_premul_sum(factor)
+    call = _direct(pg, x, "_reduce_scatter_base")
+    if call is None:
+        work = _reduce_scatter(out, x, op=op, group=pg, async_op=async_op)
+    else:
+        opts = _SUM_OPTS[async_op]
+        if factor is not None:
+            opts = _opts(ReduceScatterOptions, async_op)
+            opts.reduceOp = op
+        work = call(out, x, opts)
+    if work is not None:
+        works.append(work)
+
+
 class _Layout(NamedTuple):
     """Every rank's part ``parts[s] = (queries, documents, document length)``, the block
     ``rows x cols`` each rank's documents are padded to for the transfer, and whether the
@@ -79,13 +140,18 @@ class _Layout(NamedTuple):
         return all(p[1:] == (self.rows, self.cols) for p in self.parts)
 
 
-def _layout(q, d, group, same_shapes):
-    """The :class:`_Layout` of this call: from one small all-gather of every rank's shapes, or
-    from this rank's own where ``same_shapes`` promises they are the same everywhere."""
+def _shapes(q, d, group, same_shapes):
+    """Every rank's ``(B, N, Ld, H, dtype index, has lengths, has mask)``: from one small
+    all-gather, or this rank's own where ``same_shapes`` promises they are the same everywhere."""
     mine = (q.x.size(0), *d.x.shape, _FLOATS.index(d.x.dtype), d.lengths is not None,
             d.mask is not None)
-    world = dist.get_world_size(group)
-    every = [mine] * world if same_shapes else _all_ints(mine, d.x.device, group)
+    if same_shapes:
+        return (mine,) * dist.get_world_size(group)
+    return tuple(_all_ints(mine, d.x.device, group))
+
+
+def _layout(every):
+    """The :class:`_Layout` of every rank's :func:`_shapes`."""
     if len({e[3:5] for e in every}) > 1:  # every rank sees the same list: all raise together
         raise ValueError(
             f"D: expected the same token dim and dtype on every rank, got (H, dtype) "
@@ -94,6 +160,52 @@ def _layout(q, d, group, same_shapes):
     rows, cols = max(e[1] for e in every), max(e[2] for e in every)
     lengths = any(e[5] for e in every) or any(e[2] != cols for e in every)
     return _Layout(tuple(e[:3] for e in every), rows, cols, lengths, any(e[6] for e in every))
+
+
+class _Plan(NamedTuple):
+    """What a call's shapes fix, made once per shapes and process group: the layout, this rank's
+    first column, the loss's ``share`` factor, the diagonal targets, the process group, whether
+    its reduce-scatter can pre-multiply (NCCL), and ``buffers`` (the gathered documents' buffer,
+    reused by the calls that read it only in forward)."""
+
+    layout: _Layout
+    rank: int
+    first: int
+    share: float
+    diagonal: Optional[torch.Tensor]
+    pg: object
+    premul: bool
+    buffers: dict
+
+
+_PLANS = {}
+_PLANS_KEPT = 16  # distinct shapes kept (a training loop has one or a few)
+
+
+def _plan(q, d, group, same_shapes):
+    """The :class:`_Plan` of this call (cached per shapes, device and process group)."""
+    pg = _process_group(group)
+    every = _shapes(q, d, pg, same_shapes)
+    key = (pg, q.x.device, every)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+        plan = _PLANS[key] = _new_plan(every, q, d, pg)
+    return plan
+
+
+def _new_plan(every, q, d, pg):
+    layout = _layout(every)
+    rank = dist.get_rank(pg)
+    first = sum(p[1] for p in layout.parts[:rank])
+    nq, nd = q.x.size(0), d.x.size(0)
+    diagonal = None
+    if nd >= nq:  # the default targets: query i -> this rank's document i
+        diagonal = torch.arange(first, first + nq, device=q.x.device)
+    share = nq * len(every) / max(sum(p[0] for p in layout.parts), 1)
+    premul = q.x.device.type == "cuda" and "nccl" in str(dist.get_backend(pg)).lower()
+    return _Plan(layout, rank, first, share, diagonal, pg, premul, {})
 
 
 def _padded_to(x, rows, cols, value=0):
@@ -111,14 +223,18 @@ class _Gathered(NamedTuple):
     mask: Optional[torch.Tensor]
 
 
-def _start_gather(d, layout, group, works):
-    """Starts the all-gathers of this rank's documents (one flat buffer) and of their lengths and
-    masks (one more, of bytes); their handles go to ``works``. Returns what :func:`_arrived`
-    reads once they are waited for."""
-    world, rows, cols = dist.get_world_size(group), layout.rows, layout.cols
+def _start_gather(d, layout, pg, works, reuse=None, async_op=True):
+    """Starts the all-gathers of this rank's documents (one flat buffer: ``reuse``'s where given,
+    a dict it is kept in) and of their lengths and masks (one more, of bytes); their handles go
+    to ``works``. Returns what :func:`_arrived` reads once they are waited for."""
+    world, rows, cols = len(layout.parts), layout.rows, layout.cols
     x = _padded_to(d.x, rows, cols).contiguous()
-    out = x.new_empty((world, rows, cols, x.size(2)))
-    works.append(_gather_into(out.view(-1), x.view(-1), group=group, async_op=True))
+    out = None if reuse is None else reuse.get("x")
+    if out is None:
+        out = x.new_empty((world, rows, cols, x.size(2)))
+        if reuse is not None:
+            reuse["x"] = out
+    _gather(out.view(-1), x.view(-1), pg, works, async_op)
     if not (layout.lengths or layout.mask):
         return out, None
     n, ld = d.x.shape[:2]
@@ -133,7 +249,7 @@ def _start_gather(d, layout, group, works):
         meta.append(_padded_to(mask.view(torch.uint8), rows, cols).reshape(-1))
     meta = torch.cat(meta)
     every = meta.new_empty((world, meta.numel()))
-    works.append(_gather_into(every.view(-1), meta, group=group, async_op=True))
+    _gather(every.view(-1), meta, pg, works, async_op)
     return out, every
 
 
@@ -165,13 +281,15 @@ def _docs_of(gathered, layout, sources):
                           pick(gathered.mask)), slot
 
 
-def _start_return(pieces, layout, like, group, works, zero_block=None):
+def _start_return(pieces, layout, like, pg, works, zero_block=None, factor=None,
+                  async_op=True):
     """Starts the reduce-scatter that sums every rank's gradient of each rank's documents into
-    its owner. ``pieces``: ``(gradient, slot)`` of the gathered rows this rank has a gradient
-    for (:func:`_docs_of`); block ``zero_block`` (a rank) is sent as zeros; the padding rows are
-    left as they are (they only reach their owner's padding, which is cut off). Returns the
-    owner's ``[rows, cols, H]``."""
-    world, rows = dist.get_world_size(group), layout.rows
+    its owner (each rank's multiplied by its ``factor`` where given: see
+    :func:`_sum_scatter`). ``pieces``: ``(gradient, slot)`` of the gathered rows this rank
+    has a gradient for (:func:`_docs_of`); block ``zero_block`` (a rank) is sent as zeros; the
+    padding rows are left as they are (they only reach their owner's padding, which is cut off).
+    Returns the owner's ``[rows, cols, H]``."""
+    world, rows = len(layout.parts), layout.rows
     whole = slice(0, world * rows)
     if len(pieces) == 1 and isinstance(pieces[0][1], slice) and pieces[0][1] == whole:
         buffer = pieces[0][0].contiguous()
@@ -182,24 +300,33 @@ def _start_return(pieces, layout, like, group, works, zero_block=None):
         for grad, slot in pieces:
             buffer[slot] = grad
     out = buffer.new_empty((rows, layout.cols, buffer.size(-1)))
-    works.append(_reduce_scatter(out.view(-1), buffer.view(-1), group=group, async_op=True))
+    _sum_scatter(out.view(-1), buffer.view(-1), pg, works, async_op, factor)
     return out
 
 
 class _Call(NamedTuple):
     """What the gathered loss works on: this rank's token sets ``q``, ``d`` (validated), the
-    layout, global ``targets``, the softmax ``scale`` (1 / temperature), the loss's ``share``
-    factor, and the process group and op namespace."""
+    call's :class:`_Plan`, global ``targets``, the softmax ``scale`` (1 / temperature) and the op
+    namespace."""
 
     q: check.TokenSet
     d: check.TokenSet
-    layout: _Layout
+    plan: _Plan
     targets: torch.Tensor
     scale: float
-    share: float
-    overlap: bool
-    group: object
     ops: object
+
+    @property
+    def layout(self):
+        return self.plan.layout
+
+    @property
+    def share(self):
+        return self.plan.share
+
+    @property
+    def group(self):
+        return self.plan.pg
 
 
 def _fwd(c, d, want_argmax):
@@ -215,11 +342,16 @@ def _bwd(c, grad, d, argmax):
 
 def _gathered_docs(c):
     """Every rank's documents, once they have arrived (no overlap)."""
-    works = []
-    pending = _start_gather(c.d, c.layout, c.group, works)
+    works, kept = [], c.plan.buffers
+    pending = _start_gather(c.d, c.layout, c.group, works, reuse=kept, async_op=False)
     _wait(works)
     _mark("gather")
-    return _docs_of(_arrived(pending, c.layout), c.layout, list(range(len(c.layout.parts))))
+    if "docs" in kept:  # a view of the same buffer: the same view
+        return kept["docs"]
+    docs = _docs_of(_arrived(pending, c.layout), c.layout, list(range(len(c.layout.parts))))
+    if pending[1] is None and isinstance(docs[1], slice):  # not a copy, no per-call metadata
+        kept["docs"] = docs
+    return docs
 
 
 def _loss_only(c):
@@ -253,15 +385,34 @@ class _FusedStep(torch.autograd.Function):
         c, (dq, dd, slot) = ctx.call, ctx.grads
         ctx.grads = None
         factor = grad * c.share if c.share != 1.0 else grad
-        # In place: the step's own buffers, and no fresh 8 MB blocks while NCCL holds the last ones.
-        dQ, dD = dq.mul_(factor), dd.mul_(factor)
-        _mark("scale")
         works = []
-        mine = _start_return([(dD, slot)], c.layout, dd, c.group, works)
+        mine, held = _FusedStep.start_return(c, dd, slot, factor, works)
         _wait(works)
+        del held  # the collective has read it
         _mark("reduce_scatter")
+        dQ = dq.mul_(factor)  # in place: the step's own buffer, nothing new
+        _mark("scale")
         n, ld = c.d.x.shape[:2]
         return dQ, mine[:n, :ld], None
+
+    @staticmethod
+    def start_return(c, dd, slot, factor, works):
+        """Starts the documents' gradient back to their owners, each rank's scaled by its
+        ``factor``: inside the reduce-scatter where it can pre-multiply (no pass over the 2x
+        documents' gradient, no launch), else in place before it. Returns the owner's buffer
+        and what must stay alive until the wait (the collective reads it)."""
+        if c.plan.premul and _PREMUL[0]:
+            send = factor.to(dd.dtype).reshape(1)
+            try:
+                return _start_return([(dd, slot)], c.layout, dd, c.group, works, factor=send,
+                                     async_op=False), send
+            except (RuntimeError, TypeError, ValueError, AttributeError):
+                _PREMUL[0] = False  # this torch / NCCL cannot: scale first, from now on
+        dd.mul_(factor)
+        return _start_return([(dd, slot)], c.layout, dd, c.group, works, async_op=False), None
+
+
+_PREMUL = [True]  # cleared once a pre-multiplied reduce-scatter is refused
 
 
 class _OverlappedStep(torch.autograd.Function):
@@ -271,14 +422,14 @@ class _OverlappedStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qx, dx, c):
-        rank, world = dist.get_rank(c.group), len(c.layout.parts)
+        rank, world = c.plan.rank, len(c.layout.parts)
         works = []
         pending = _start_gather(c.d, c.layout, c.group, works)
         local, local_argmax = _fwd(c, c.d, True)
         _mark("local_score")
         _wait(works)
         _mark("gather_wait")
-        first = sum(p[1] for p in c.layout.parts[:rank])
+        first = c.plan.first
         remote = None
         scores = local
         if world > 1:
@@ -296,7 +447,7 @@ class _OverlappedStep(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         c, (grad, first, local_argmax, remote) = ctx.call, ctx.saved
-        grad = grad * (grad_loss * c.share)
+        grad = grad * (grad_loss * c.share if c.share != 1.0 else grad_loss)
         n, ld = c.d.x.shape[:2]
         works, mine, dq_remote = [], None, None
         if remote is not None:
@@ -305,7 +456,7 @@ class _OverlappedStep(torch.autograd.Function):
             dq_remote, dd_remote = _bwd(c, rest, docs, argmax)
             _mark("remote_backward")
             mine = _start_return([(dd_remote, slot)], c.layout, dd_remote, c.group, works,
-                                 zero_block=dist.get_rank(c.group))
+                                 zero_block=c.plan.rank)
         dQ, dD = _bwd(c, grad[:, first:first + n].contiguous(), c.d, local_argmax)
         _mark("local_backward")
         _wait(works)
@@ -349,30 +500,26 @@ def contrastive_loss(
     q, d, _, _ = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths, backend)
     if q.scale is not None or d.scale is not None:
         raise ValueError("Q, D: expected float tensors (quantized tokens have no gradient here)")
-    layout = _layout(q, d, group, same_shapes)
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    first = sum(p[1] for p in layout.parts[:rank])
-    columns = sum(p[1] for p in layout.parts)
-    targets = _global_targets(targets, q.x.size(0), first, d.x.size(0), columns, q.x.device)
-    share = q.x.size(0) * world / max(sum(p[0] for p in layout.parts), 1)
-    c = _Call(q, d, layout, targets, 1.0 / temperature, share, overlap, group,
-              select_ops(q.x.device, backend))
+    plan = _plan(q, d, group, same_shapes)
+    targets = _global_targets(targets, q.x.size(0), d.x.size(0), plan, q.x.device)
+    c = _Call(q, d, plan, targets, 1.0 / temperature, select_ops(q.x.device, backend))
     if not (torch.is_grad_enabled() and (q.x.requires_grad or d.x.requires_grad)):
         loss = _loss_only(c)
-        return loss * share if share != 1.0 else loss
+        return loss * plan.share if plan.share != 1.0 else loss
     return (_OverlappedStep if overlap else _FusedStep).apply(q.x, d.x, c)
 
 
-def _global_targets(targets, nq, first, nd, columns, device):
+def _global_targets(targets, nq, nd, plan, device):
     """``targets`` as column indices of the gathered scores; None: query ``i`` -> this rank's
-    document ``i`` (column ``first + i``)."""
+    document ``i`` (column ``first + i``, made once per plan)."""
     if targets is None:
-        if nd < nq:
+        if plan.diagonal is None:
             raise ValueError(
                 f"targets: the diagonal default needs at least as many documents as queries on "
                 f"every rank, got {nq} queries and {nd} documents; pass targets"
             )
-        return torch.arange(first, first + nq, device=device)
+        return plan.diagonal
+    columns = sum(p[1] for p in plan.layout.parts)
     check.require_index("targets", targets, (nq,), device)
     if columns == 0 and nq:
         raise ValueError("D: expected at least one document across the ranks, got none")
