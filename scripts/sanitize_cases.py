@@ -42,6 +42,15 @@ def kernel_cases():
         maxsim.maxsim_with_argmax(tokens(2, 50, 64, dtype=dtype), D)  # 64-row tile
         maxsim.maxsim(tokens(2, 130, 64, dtype=dtype), D)  # 128-row tile, partial sums
         maxsim.maxsim_with_argmax(tokens(1, 16, 64, dtype=dtype), tokens(2, 700, 64, dtype=dtype))
+    # fp32 on the TF32 tiles (calls of 2^24+ multiply-adds): split and single-TF32 products, the
+    # 32-, 64- and 128-row tiles, lengths and argmax
+    D32 = tokens(40, 200, 128, dtype=torch.float32)
+    lens32 = torch.randint(0, 201, (40,), device="cuda", dtype=torch.int32)
+    for mode in ("exact", "tf32"):
+        os.environ["MAXSIM_FP32"] = mode
+        for lq in (20, 50, 130):
+            maxsim.maxsim_with_argmax(tokens(8, lq, 128, dtype=torch.float32), D32, d_lengths=lens32)
+    del os.environ["MAXSIM_FP32"]
     # the 32-row tile at D 128 (on Hopper its transposed wgmma form): masks, argmax, pairs
     Qs, Ds = tokens(3, 20, 128), tokens(3, 4, 150, 128)
     s_mask = torch.rand(3, 4, 150, device="cuda") > 0.2
