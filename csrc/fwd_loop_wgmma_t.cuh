@@ -20,37 +20,42 @@ struct WgmmaTransposedLoop {
   template <int G, typename Shadow>
   __device__ __forceinline__ static void codes_product(const B& b, float (&d)[BM / 2], int my_row,
                                                        uint64_t q_desc, Shadow&& in_shadow) {
-    // fp16: group g + 1 is converted while group g's products run. bf16's longer conversion
-    // needs the registers (one resident block fewer): all groups first.
-    constexpr bool kOverlap = !B::kBf16;
+    // One group's operand registers, reused: group g + 1 is converted once group g's products
+    // are done (the other resident blocks keep the tensor cores busy meanwhile). Holding every
+    // group's operand spilled registers at three blocks per SM.
     const int ldd = b.ldd(), lane = b.lane;
     const uint8_t* row = reinterpret_cast<const uint8_t*>(b.d_s) + b.stage * BN * ldd + my_row * ldd;
-    uint32_t a[4 * G][4];
+    uint32_t a[4][4];
+    auto keep_operand = [&]() {  // the registers stay put until the products that read them end
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_keep(a[k][i]);
+    };
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int off = b.code_chunk(my_row, 4 * g + lane % 4) * 16;  // rows my_row, my_row + 8 alike
       const uint4 r0 = *reinterpret_cast<const uint4*>(row + off);
       const uint4 r1 = *reinterpret_cast<const uint4*>(row + 8 * ldd + off);
       const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+      if (g > 0) {
+        wgmma_wait<0>();
+        keep_operand();
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        codes_to_pairs<DT, T>(w0[j], a[4 * g + j][0], a[4 * g + j][2]);
-        codes_to_pairs<DT, T>(w1[j], a[4 * g + j][1], a[4 * g + j][3]);
+        codes_to_pairs<DT, T>(w0[j], a[j][0], a[j][2]);
+        codes_to_pairs<DT, T>(w1[j], a[j][1], a[j][3]);
       }
-      if (kOverlap || g == G - 1) {
-        wgmma_fence();
+      wgmma_fence();
 #pragma unroll
-        for (int k = kOverlap ? 4 * g : 0; k < 4 * g + 4; ++k)
-          wgmma_m64n128k16_rs<B::kBf16>(d, a[k], q_desc + k_off<T>(k, BM), k > 0);
-      }
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n128k16_rs<B::kBf16>(d, a[k], q_desc + k_off<T>(4 * g + k, BM), g > 0 || k > 0);
+      wgmma_commit();
     }
-    wgmma_commit();
     in_shadow();  // work that does not touch the operands, while the products run
     wgmma_wait<0>();
-#pragma unroll
-    for (int k = 0; k < 4 * G; ++k)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_keep(a[k][i]);
+    keep_operand();
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
   }
