@@ -105,6 +105,9 @@ STEPS = {
     "train_medium_step": ("fp16", (64, 32), (64, 128)),
     "train_colpali_step": ("bf16", (128, 128), (128, 1024)),
 }
+# The same steps with the documents' valid rows packed by offsets (as score_contrastive_train
+# takes them): the same data, so the same loss as the padded step.
+PACKED_STEPS = {f"{name}_packed": name for name in STEPS}
 # Packed pairs (the bench's varlen kind): name: (dtype, queries, (Lq min, max), candidates per
 # query, (Ld min, max)); query i is scored with documents i*K .. i*K+K-1.
 VARLEN = {
@@ -264,15 +267,20 @@ def step_loss_error(loss, Q, D, lengths) -> float:
 
 
 def run_step(ops, name: str, reps: int, replays: int) -> dict:
-    dtype, (nq, lq), (nd, ld) = STEPS[name]
+    dtype, (nq, lq), (nd, ld) = STEPS[PACKED_STEPS.get(name, name)]
     torch.manual_seed(0)
     Q, D = (tokens(n, length, dtype) for n, length in ((nq, lq), (nd, ld)))
     lengths = torch.randint(ld // 2, ld + 1, (nd,), device="cuda", dtype=torch.int32)
     targets = torch.arange(nq, device="cuda")
+    docs, offsets, d_lengths = D, None, lengths
+    if name in PACKED_STEPS:
+        docs = torch.cat([D[j, :n] for j, n in enumerate(lengths.tolist())])
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0, dtype=torch.int32)])
+        d_lengths = None
 
     def call():
         return ops.contrastive_step(
-            Q, D, None, None, None, None, lengths, None, ALL, 0, lq, targets, 1.0)
+            Q, docs, None, None, None, offsets, d_lengths, None, ALL, 0, lq, targets, 1.0)
     err = step_loss_error(call()[0], Q, D, lengths)
     return {"case": name, "ms": round(graph_ms(call, reps, replays), 4), "rel_err": err}
 
@@ -287,8 +295,9 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else [*CASES, *RAGGED, *MASKED, *TF32, *VARLEN,
-                                                     *STEPS]
+                                                     *STEPS, *PACKED_STEPS]
     known = {**CASES, **{n: CASES[c] for n, c in {**RAGGED, **MASKED}.items()}, **VARLEN, **STEPS}
+    known.update({n: STEPS[c] for n, c in PACKED_STEPS.items()})
     known.update({n: (*known[c][:-1], "tf32") for n, c in TF32.items()})
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -303,7 +312,8 @@ def main() -> None:
     ops = gpu_check.build()
     label = args.label or os.path.abspath(args.root)
     for name in names:
-        run = run_step if name in STEPS else run_varlen if name in VARLEN else run_case
+        steps = name in STEPS or name in PACKED_STEPS
+        run = run_step if steps else run_varlen if name in VARLEN else run_case
         row = run(ops, name, args.reps, args.replays)
         print(json.dumps({"tree": label, "gpu": torch.cuda.get_device_name(), **row}), flush=True)
 

@@ -21,16 +21,19 @@ bool vec_rows(const TokenSet& s, int dim, int slice) {
          s.row_stride % slice == 0 && (s.offsets != nullptr || s.seg_stride % slice == 0);
 }
 
-// Ranges of the dD sort: one per warp, as many as per-range row counters fit a 64 KB budget.
-int sort_ranges(int pad_len, const DeviceInfo& dev) {
-  const int budget = std::min(64 * 1024, dev.max_smem - 1024);  // leaves room for static smem
-  return std::max(1, std::min(kSortWarps, budget / (pad_len * int(sizeof(int)))));
+// Per-(range, row) counters of the dD sort, as many as fit a 64 KB budget. Padded documents take
+// one range per warp, as many as fit whole; packed ones (their lengths known only on the device)
+// take the whole budget and split it themselves (bwd_dd_sort_kernel).
+int sort_counters(const TokenSet& d, const DeviceInfo& dev) {
+  const int budget = std::min(64 * 1024, dev.max_smem - 1024) / int(sizeof(int));  // + static smem
+  if (d.offsets != nullptr) return budget;
+  return std::max(1, std::min(kSortWarps, budget / d.pad_len)) * d.pad_len;
 }
 
 }  // namespace
 
 bool bwd_sorts_rows(const BwdParams& p) {
-  return p.d.offsets == nullptr && p.d.pad_len > 0 && p.d.pad_len <= kSortMaxRows;
+  return p.d.offsets != nullptr || (p.d.pad_len > 0 && p.d.pad_len <= kSortMaxRows);
 }
 
 // Query rows the dQ kernel covers per query (packed queries: up to max_lq).
@@ -54,10 +57,11 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
       dq<<<p.q.count * row_blocks, kBwdThreads, 0, stream>>>(p, row_blocks);
     }
     if (p.d.rows > 0 && p.dd_sorted != nullptr) {
-      const int ranges = sort_ranges(p.d.pad_len, dev);
-      const size_t smem = size_t(ranges) * p.d.pad_len * sizeof(int);
+      const int counters = sort_counters(p.d, dev);
+      const size_t smem = size_t(counters) * sizeof(int);
       allow_smem<bwd_dd_sort_kernel>(smem);
-      bwd_dd_sort_kernel<<<p.d.count, kSortThreads, smem, stream>>>(p, ranges);
+      if (p.d.count > 0)  // packed rows and no documents: every row's dD is zero
+        bwd_dd_sort_kernel<<<p.d.count, kSortThreads, smem, stream>>>(p, counters);
       const int64_t rows_per_block = 2 * kBwdWarps;
       const int64_t blocks = (p.d.rows + rows_per_block - 1) / rows_per_block;
       auto rows = vec_rows(p.q, p.dim, kSlice<T>) ? bwd_dd_rows_kernel<T, true>

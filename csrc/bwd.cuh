@@ -48,6 +48,27 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
   }
 }
 
+// The last segment of a packed token set that starts at or before row r (a binary search of the
+// offsets; segment 0 where none does).
+__device__ __forceinline__ int segment_at_or_before(const TokenSet& s, int64_t r) {
+  int lo = 0, hi = s.count;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (s.offsets[mid] <= r) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// The document whose dD row r is (the one writer of its start and count in the dD sort), or -1
+// for a packed row that no well-formed document holds. Offsets out of order can make two
+// in-range documents share rows: each shared row then has the one owner the search finds.
+__device__ __forceinline__ int owner_of_row(const TokenSet& d, int64_t r) {
+  if (d.offsets == nullptr) return static_cast<int>(r / d.pad_len);
+  const int j = segment_at_or_before(d, r);
+  const Segment g = segment_of(d, j);
+  return g.ok && r >= g.first_row && r - g.first_row < g.len ? j : -1;
+}
+
 // Query qi's row t as an argmax entry's source, or null where the query is out of range (an id,
 // length or offsets; a packed query past max_lq) or t is past its rows: that entry adds nothing.
 // Padded queries of the grid layouts need no check: qi comes from the grid and t < max_lq, which
@@ -311,13 +332,7 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
   for (int x = tid; x < rows * p.dim; x += kBwdThreads) acc[x] = 0.f;
 
   auto doc_of_row = [&](int64_t r) -> int {
-    if (p.d.offsets == nullptr) return static_cast<int>(r / p.d.pad_len);
-    int lo = 0, hi = p.d.count;  // last doc whose first row is <= r
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (p.d.offsets[mid] <= r) lo = mid; else hi = mid;
-    }
-    return lo;
+    return p.d.offsets == nullptr ? static_cast<int>(r / p.d.pad_len) : segment_at_or_before(p.d, r);
   };
   const T* qg = static_cast<const T*>(p.q.data);
   const bool vec_rows = p.dim % 4 == 0;  // accumulator rows then start 16-byte aligned

@@ -39,8 +39,9 @@ size_t plan_smem(const FwdParams& p, const FwdPlan& plan, DType dtype);
 void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,
                 cudaStream_t stream);
 void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStream_t stream);
-// Whether dD goes by document row (padded documents): the binding then provides dd_sorted,
-// dd_start and dd_count (int32 scratch: argmax.numel(), d.rows, d.rows).
+// Whether dD goes by document row (packed documents, padded ones up to kSortMaxRows rows): the
+// binding then provides dd_sorted, dd_start and dd_count (int32 scratch: argmax.numel(), d.rows,
+// d.rows).
 bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
 // Whether the training step's backward can compute the loss itself (p.ce) for scores of `cols`

@@ -199,6 +199,138 @@ def check_case(ops, rng, layout, dtype, D, Lq, Ld, nq, nd_or_group, packed_q, pa
     return True
 
 
+# ---------------------------------------------------------------- packed against padded dD
+def bits(x):
+    """The tensor's bits as integers: NaN compares equal to a NaN of the same bits."""
+    return x.contiguous().view({2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def packed_docs(D, lens, tail):
+    """The padded documents' valid rows packed by offsets, then ``tail`` rows that no document
+    holds (junk)."""
+    rows = [D[j, : int(n)] for j, n in enumerate(lens.tolist())]
+    rows.append(torch.randn(tail, D.shape[-1], device="cuda").to(D.dtype) * 30)
+    off = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    off[1:] = lens.cpu().cumsum(0)
+    return torch.cat(rows), off.cuda()
+
+
+def check_packed_dd(ops, rng, layout, dtype, D_dim, Lq, lens, nq, g, nan=False):
+    """The same documents padded (+ lengths) and packed (+ offsets): with the padded forward's
+    argmax, both backward calls give bit-identical dQ and dD (packed rows against the padded
+    documents' valid rows; padding and rows outside every document zero), deterministic, and
+    within tolerance of float64 (without NaN). ``nan``: a NaN document token and a NaN upstream
+    gradient, compared bit for bit."""
+    nd, Ld = len(lens), max(1, max(lens))
+    lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    Q = torch.randn(nq, Lq, D_dim, device="cuda").to(dtype)
+    D = torch.randn(nd, Ld, D_dim, device="cuda")
+    D[:, min(Ld - 1, 2)] *= 3  # a dominant token: many query rows pick the same row
+    for k in range(nd):
+        if int(lens[k]) > 40:  # a duplicate row: equal similarities, the lower index wins
+            D[k, 40] = D[k, 39]
+        D[k, int(lens[k]):] = float("nan") if k % 2 else 30.0  # padding: NaN or large values
+    if nan and nd > 1 and int(lens[1]) > 0:
+        D[1, int(lens[1]) - 1, 0] = float("nan")
+    D = D.to(dtype)
+    grp = g if layout == GROUPED else 0
+    pq = pd = None
+    if layout == PAIRS:
+        pq = torch.sort(torch.randint(0, nq, (3 * nq,), dtype=torch.int32)).values.cuda()
+        pd = torch.randint(0, nd, (3 * nq,), dtype=torch.int32).cuda()
+    s, a = ops.fwd(Q, D, None, None, None, None, lens, None, pq, pd, layout, grp, Lq, True, False)
+    grad = torch.rand(s.shape, device="cuda") + 0.5
+    if nan:
+        grad.view(-1)[0] = float("nan")
+    Dp, off = packed_docs(D, lens, tail=rng.choice([0, 3]))
+    dq1, dd1 = ops.bwd(grad, Q, D, a, None, None, pq, pd, layout, grp)
+    dq2, dd2 = ops.bwd(grad, Q, Dp, a, None, off, pq, pd, layout, grp)
+    dq3, dd3 = ops.bwd(grad, Q, Dp, a, None, off, pq, pd, layout, grp)
+    valid = torch.arange(Ld, device="cuda")[None, :] < lens[:, None]
+    total = int(off[-1])
+    ok = (same_bits(dq1, dq2) and same_bits(dd1[valid], dd2[:total])
+          and not bits(dd1[~valid]).any() and not bits(dd2[total:]).any()
+          and same_bits(dq2, dq3) and same_bits(dd2, dd3))
+    errs = ""
+    if ok and not nan:
+        pairs = pair_list(layout, nq, nd, grp, pq, pd)
+        rdq, rdd = ref_bwd(grad.flatten(), Q, Dp[:total], a.reshape(len(pairs), Lq), None,
+                           off.tolist(), pairs)
+        e1, e2 = rel(dq2.cpu(), rdq), rel(dd2[:total].cpu(), rdd)
+        gtol = 1e-5 if dtype == torch.float32 else (2e-3 if dtype == torch.float16 else 1e-2)
+        ok = e1 <= gtol and e2 <= gtol
+        errs = f" dq={e1:.2e} dd={e2:.2e}"
+    if not ok:
+        print(f"FAIL packed dd layout={layout} {str(dtype)[6:]} D={D_dim} Lq={Lq} nq={nq} g={g} "
+              f"nan={nan} lens={lens.tolist()[:12]}{errs}", flush=True)
+    return ok
+
+
+def packed_dd_checks(ops, rng):
+    """Packed documents' dD against the padded path, bit for bit: ragged lengths with 0 / 1 / 63
+    / 64 / 65 rows, ties, NaN, every layout, each dtype; one packed document longer than the dD
+    sort's counters (several passes) against the padded path's row-block kernel. Returns (passed,
+    run)."""
+    n_ok = n = 0
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for layout in (ALL, GROUPED, PAIRS):
+            for D_dim, Lq in ((128, 32), (64, 17), (24, 1), (100, 65)):
+                nq, g = rng.choice([1, 3, 5]), rng.choice([1, 4, 7])
+                nd = nq * g if layout == GROUPED else g + 2
+                fixed = [0, 1, 63, 64, 65]
+                lens = [fixed[k] if k < len(fixed) else rng.randint(0, 200) for k in range(nd)]
+                rng.shuffle(lens)
+                for nan in (False, True):
+                    n += 1
+                    n_ok += check_packed_dd(ops, rng, layout, dtype, D_dim, Lq, lens, nq, g, nan)
+        n += 1  # 40,000 rows: several passes of the sort, and past the padded sort's rows
+        n_ok += check_packed_dd(ops, rng, ALL, dtype, 128, 32, [20000, 5, 40000, 0], 4, 1)
+    return n_ok, n
+
+
+def contrastive_step_packed_checks(ops):
+    """The training step with packed documents (the fused loss) equals fwd + ce + bwd on the
+    same packed documents bit for bit, run after run, and float64 within tolerance."""
+    n_ok = n = 0
+    for dtype, nq, Lq, (lo, hi) in ((torch.float16, 32, 32, (40, 80)),
+                                    (torch.bfloat16, 16, 128, (512, 1024)),
+                                    (torch.float32, 9, 20, (1, 70))):
+        lens = torch.randint(lo, hi + 1, (nq,), dtype=torch.int32)
+        off = torch.zeros(nq + 1, dtype=torch.int32)
+        off[1:] = lens.cumsum(0)
+        off = off.cuda()
+        Q = torch.nn.functional.normalize(torch.randn(nq, Lq, 128, device="cuda"), dim=-1)
+        Dp = torch.nn.functional.normalize(torch.randn(int(off[-1]), 128, device="cuda"), dim=-1)
+        Q, Dp = Q.to(dtype), Dp.to(dtype)
+        t = torch.arange(nq, device="cuda")
+        step = [ops.contrastive_step(Q, Dp, None, None, None, off, None, None, ALL, 0, Lq, t, 5.0)
+                for _ in range(2)]
+        s, a = ops.fwd(Q, Dp, None, None, None, off, None, None, None, None, ALL, 0, Lq, True,
+                       False)
+        loss, grad = ops.ce(s, t, 5.0)
+        dq, dd = ops.bwd(grad, Q, Dp, a, None, off, None, None, ALL, 0)
+        ok = all(same_bits(x, y) for x, y in zip(step[0], (loss, dq, dd)))
+        ok = ok and all(same_bits(x, y) for x, y in zip(step[0], step[1]))
+        pairs = pair_list(ALL, nq, nq, 0, None, None)
+        rs, _, _ = ref_fwd(Q, Dp, None, None, None, off, None, None, None, None, ALL, 0, Lq)
+        rloss = torch.nn.functional.cross_entropy(rs.double().view(nq, nq) * 5.0, t)
+        e0 = abs(float(loss) - float(rloss)) / abs(float(rloss))
+        _, rdd = ref_bwd(grad.flatten(), Q, Dp, a.reshape(len(pairs), Lq), None, off.tolist(),
+                         pairs)
+        e2 = rel(dd.cpu(), rdd)
+        gtol = 1e-5 if dtype == torch.float32 else (2e-3 if dtype == torch.float16 else 1e-2)
+        ok = ok and e0 <= 1e-3 and e2 <= gtol
+        if not ok:
+            print(f"FAIL contrastive_step packed {str(dtype)[6:]} nq={nq}: loss={e0:.2e} "
+                  f"dd={e2:.2e}", flush=True)
+        n, n_ok = n + 1, n_ok + ok
+    return n_ok, n
+
+
 def run_checks(ops):
     import random
     rng = random.Random(0)
@@ -244,6 +376,8 @@ def run_checks(ops):
                 n_ok += check_case(ops, rng, layout, torch.float32, D, Lq, Ld, nq, g, *packed,
                                    rng.random() < 0.5, argmax=rng.random() < 0.8, backward=False,
                                    tf32=turn % 2 == 0, npairs=nq * g)
+    for more in (packed_dd_checks(ops, rng), contrastive_step_packed_checks(ops)):
+        n_ok, n = n_ok + more[0], n + more[1]
     print(f"checks: {n_ok}/{n} passed in {time.time() - t:.1f} s", flush=True)
     return n_ok == n
 

@@ -8,7 +8,8 @@ The kernel calls cover the streaming (32- and 64-row), 128-row (and on Hopper it
 needs calls with enough document tiles) and CUDA-core forward tiles, the mask-extent kernel
 (documents given by a mask alone), long-query partial sums, 8-bit documents (INT8 and FP8, fp16
 and bf16 queries, quantized queries, the wgmma tile's codes in registers), argmax, every backward
-kernel (dQ, sorted and packed dD) and the loss (fused into the training step's backward, and on
+kernel (dQ, sorted dD of padded and packed documents, malformed offsets included, the row-block
+dD of long padded documents) and the loss (fused into the training step's backward, and on
 its own).
 
 Each fuzz case must raise a clear error naming its argument or return NaN exactly where
@@ -89,7 +90,7 @@ def kernel_cases():
         maxsim.maxsim_with_argmax(tokens(32, 32, 128, dtype=dtype), big, d_mask=d_mask)
         big_len = torch.randint(0, 1001, (70,), device="cuda", dtype=torch.int32)
         maxsim.maxsim(tokens(32, 32, 128, dtype=dtype), big, d_lengths=big_len)
-    # backward: padded documents (sorted dD), packed documents (row-block dD), the loss
+    # backward: padded and packed documents (sorted dD), the loss
     Q = tokens(4, 12, 64).requires_grad_()
     D = tokens(6, 40, 64).requires_grad_()
     maxsim.contrastive_step(Q.detach(), D[:4].detach(), d_lengths=lens[:4].clamp(1))
@@ -100,8 +101,43 @@ def kernel_cases():
     cu_d = torch.tensor([0, 7, 30, 31], device="cuda", dtype=torch.int32)
     q, d = tokens(12, 64).requires_grad_(), tokens(31, 64).requires_grad_()
     maxsim.maxsim_varlen(q, cu_q, d, cu_d, max_seqlen_q=7).sum().backward()
+    packed_backward_cases()
     torch.cuda.synchronize()
     print("sanitize cases: done")
+
+
+def packed_backward_cases():
+    """dD of packed documents (the sorted path) with malformed offsets and argmax: out of range,
+    decreasing, negative, overlapping, no documents at all, a document longer than the sort's
+    counters; every layout, and the training step."""
+    ops = maxsim.cuda_ops()[0]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
+    q, d = tokens(3, 20, 64), tokens(300, 64)
+    for d_off in ([0, 50, 120, 121, 200, 300], [0, 50, 120, 121, 200, 301],
+                  [0, 50, 20, 121, 200, 300], [-7, 50, 120, 121, 200, 300],
+                  [0, 50, 120, 1 << 30, 200, 300], [0, 290, 10, 300, 5, 300],
+                  [300, 0, 0, 0, 0, 0]):
+        off = i32(d_off)
+        for layout, group, pq, pd in ((0, 0, None, None), (1, 5, None, None),
+                                      (2, 0, i32([0, 2, 2, 1]), i32([4, 0, 3, -1]))):
+            qq = q[:1] if layout == 1 else q
+            npairs = {0: 15, 1: 5, 2: 4}[layout]
+            # argmax from every range: valid rows, past a document's end, negative, huge
+            arg = torch.randint(-5, 310, (npairs, 20), device="cuda", dtype=torch.int32)
+            arg[:, 0] = 1 << 30
+            shape = (3, 5) if layout == 0 else (1, 5) if layout == 1 else (4,)
+            grad = torch.rand(shape, device="cuda")
+            ops.bwd(grad, qq, d, arg.view(*shape, 20), None, off, pq, pd, layout, group)
+        ops.contrastive_step(q, d, None, None, None, off[:4], None, None, 0, 0, 20, None, 1.0)
+    ops.bwd(torch.rand(3, 0, device="cuda"), q, d, torch.zeros(3, 0, 20, dtype=torch.int32,
+            device="cuda"), None, i32([0]), None, None, 0, 0)  # rows but no documents
+    long_d = tokens(20000, 64)
+    arg = torch.randint(0, 20000, (3, 2, 20), device="cuda", dtype=torch.int32)
+    ops.bwd(torch.rand(3, 2, device="cuda"), q, long_d, arg, None, i32([0, 19000, 20000]), None,
+            None, 0, 0)
+    # padded documents past the sort's rows: the row-block dD kernel
+    ops.bwd(torch.rand(3, 2, device="cuda"), q, long_d.view(2, 10000, 64), arg, None, None, None,
+            None, 0, 0)
 
 
 def context_alive(device: str) -> bool:

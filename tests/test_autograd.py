@@ -165,3 +165,41 @@ def test_sorted_accumulation_matches_and_is_stable():
     again = torch.zeros(7, 5)
     _add_rows_sorted(again, target, rows)
     assert torch.equal(got[:6], again[:6])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+def test_packed_and_padded_documents_give_the_same_gradient_bits(backend_device, layout_name,
+                                                                  dtype):
+    """The same documents padded (the backward sees every padded row) and packed by offsets, with
+    the padded forward's argmax: dQ and dD bit for bit (packed rows against the valid rows; the
+    padding and the rows after the last document zero). Lengths 0 / 1 / 63 / 64 / 65, a token many
+    query rows pick, NaN padding."""
+    device = backend_device[1]
+    ops = ops_for(backend_device)
+    layout = LAYOUTS[layout_name]
+    lens = torch.tensor([65, 0, 1, 63, 64, 7], dtype=torch.int32, device=device)
+    nd, h, lq = len(lens), 24, 9
+    valid = torch.arange(65, device=device)[None, :] < lens[:, None]
+    D = values((nd, 65, h), torch.float32, device)
+    D[:, 2] *= 4  # a dominant token
+    D[~valid] = float("nan")
+    D = D.to(dtype)
+    nq, group, pq, pd = 3, 0, None, None
+    if layout == GROUPED:
+        nq, group = 2, 3
+    if layout == PAIRS:
+        pq = torch.randint(0, nq, (8,), dtype=torch.int32, device=device)
+        pd = torch.randint(0, nd, (8,), dtype=torch.int32, device=device)
+    Q = values((nq, lq, h), dtype, device)
+    scores, argmax = ops.fwd(Q, D, None, None, None, None, lens, None, pq, pd, layout, group, lq,
+                             True, False)
+    grad = values(scores.shape, torch.float32, device)
+    dq, dd = ops.bwd(grad, Q, D, argmax, None, None, pq, pd, layout, group)
+    offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+    packed = torch.cat([D[valid], values((3, h), dtype, device)])  # 3 rows after the last
+    dq_p, dd_p = ops.bwd(grad, Q, packed, argmax, None, offsets, pq, pd, layout, group)
+    total = int(offsets[-1])
+    assert torch.equal(dq_p, dq)
+    assert torch.equal(dd_p[:total], dd[valid])
+    assert not dd[~valid].any() and not dd_p[total:].any()
