@@ -11,6 +11,8 @@ struct Epilogue {
   static constexpr int BM = B::BM, MT = B::MT, kThreads = B::kThreads;
   static constexpr bool kArgmax = B::kArgmax;
   using Acc = RowMax<B>;
+  // Every warp takes whole rounds of the row loops: row_term's warp vote sees all 32 lanes.
+  static_assert(BM % 32 == 0 && kThreads % 32 == 0, "rows in whole warps");
 
   B& b;
   Acc& acc;
@@ -70,15 +72,27 @@ struct Epilogue {
   // Row r's term of its query's sum (0 for padding and rows with no valid column, NaN for a query
   // out of range); writes its argmax (-1 for those) when asked. A document out of range has no
   // valid column (its span is empty), so its argmax is -1 here and write_sum makes its score NaN.
+  // Whole warps call it.
   __device__ __forceinline__ float row_term(int item, int r, bool in_q, int qi, int t, float v, int i) const {
     const FwdParams& p = b.p;
     const uint8_t flag = b.row_ok[r];
     const bool valid = flag == kRowValid;
-    if constexpr (kArgmax) {
-      if (in_q && b.items.writes(qi) && t < p.max_lq) p.argmax[b.items.out(item, qi) * p.max_lq + t] = valid ? i : -1;
-    }
+    // A row whose every valid similarity is -inf kept no column (the running max takes only a
+    // column that beats it): its term is -inf (v still is) and its argmax the document's first
+    // valid column, where it has one: 0 without a mask, else the mask's first set flag, looked
+    // for only when a row of the warp needs it.
     const bool found = kArgmax ? i >= 0 : v != -INFINITY;
-    const float term = valid && found ? v * b.row_scale[r] : 0.f;
+    bool has_col = b.c_span.cols > 0;
+    int first = 0;
+    if (p.d.mask != nullptr && __any_sync(0xffffffffu, valid && !found)) {
+      first = b.first_masked_in(item);
+      has_col = first >= 0;
+    }
+    if constexpr (kArgmax) {
+      if (in_q && b.items.writes(qi) && t < p.max_lq)
+        p.argmax[b.items.out(item, qi) * p.max_lq + t] = valid && (found || has_col) ? (found ? i : first) : -1;
+    }
+    const float term = valid && (found || has_col) ? v * b.row_scale[r] : 0.f;
     return flag == kRowNaN ? NAN : term;  // a select, no branch per row
   }
 

@@ -158,19 +158,26 @@ __device__ __forceinline__ void warp_publish(const float (&best)[2][2], int* slo
     }
 }
 
-// Each document's score: its row maxima (no valid column: -inf, a zero term) times the row
-// scales, summed over the valid query rows; one warp per document. NaN where the query or the
-// document is out of range (lane i's doc_ok: document i's).
+// Each document's score: its row maxima times the row scales, summed over the valid query rows;
+// one warp per document. A row maximum of -inf is a zero term where the document has no valid
+// column, and -inf where it has one (every valid similarity -inf): a mask is scanned only then.
+// NaN where the query or the document is out of range. Lane i holds document i's doc_ok, its
+// valid prefix (doc_len) and first row.
 template <int W>
 __device__ __forceinline__ void warp_write_scores(const FwdParams& p, const int* slot, const bool* row_ok,
                                                   const float* row_scale, int q0, int item_begin, int n_docs,
-                                                  bool q_ok, bool doc_ok) {
+                                                  bool q_ok, bool doc_ok, int doc_len, int64_t doc_first) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const PairMap& pm = p.pairs;
   const bool grouped = pm.layout == kGrouped;
   for (int i = warp; i < n_docs; i += W) {
     const float v = key_value(slot[i * 32 + lane]);
-    float s = row_ok[lane] && v != -INFINITY ? v * row_scale[lane] : 0.f;
+    const int cols = __shfl_sync(0xffffffffu, doc_len, i);
+    const int64_t first_row = __shfl_sync(0xffffffffu, doc_first, i);
+    bool has_col = cols > 0;
+    if (p.d.mask != nullptr && __any_sync(0xffffffffu, row_ok[lane] && v == -INFINITY) && has_col)
+      has_col = warp_first_set(p.d.mask + first_row, cols, lane) >= 0;
+    float s = row_ok[lane] && (v != -INFINITY || has_col) ? v * row_scale[lane] : 0.f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     const bool ok = q_ok && __shfl_sync(0xffffffffu, doc_ok, i);
@@ -322,7 +329,7 @@ fwd_warp_codes_kernel(const __grid_constant__ FwdParams p, const FwdGrid grid) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  warp_write_scores<W>(p, slot, row_ok, row_scale, q0, item_begin, n_docs, q_ok, doc_ok);
+  warp_write_scores<W>(p, slot, row_ok, row_scale, q0, item_begin, n_docs, q_ok, doc_ok, doc_len, doc_first);
 #endif
 }
 

@@ -70,6 +70,16 @@ __device__ __forceinline__ bool row_valid(const TokenSet& s, const Segment& g, i
   return t < g.len && (s.mask == nullptr || s.mask[g.first_row + t]);
 }
 
+// The first t < cols whose mask flag is set, or -1 where none is: a whole warp's ballot over 32
+// flags per step (cols the same in every lane). Rare paths only: rows that found no column.
+__device__ __forceinline__ int warp_first_set(const bool* mask, int cols, int lane) {
+  for (int base = 0; base < cols; base += 32) {
+    const unsigned hit = __ballot_sync(0xffffffffu, base + lane < cols && mask[base + lane]);
+    if (hit != 0) return base + __ffs(hit) - 1;
+  }
+  return -1;
+}
+
 // Query and document of score `p`. Explicit pairs return the ids as given: segment_of checks them.
 __device__ __forceinline__ int pair_query(const PairMap& m, int num_docs, int p) {
   switch (m.layout) {

@@ -80,6 +80,8 @@ def ref_fwd(q, d, qo, ql, qm, do, dl, dm, pq, pd, layout, group, max_lq):
             continue
         sim = (qr @ dr.T).masked_fill(~dv[None, :], float("-inf"))
         best, idx = sim.max(dim=1)
+        # every valid similarity -inf: the argmax is the first valid token
+        idx = torch.where(best == float("-inf"), dv.long().argmax(), idx)
         scores[p] = best[qv].sum()
         idx = torch.where(qv, idx, -1).int()
         arg[p, : min(max_lq, idx.numel())] = idx[:max_lq]
@@ -329,6 +331,200 @@ def contrastive_step_packed_checks(ops):
                   f"dd={e2:.2e}", flush=True)
         n, n_ok = n + 1, n_ok + ok
     return n_ok, n
+# ---------------------------------------------------------------- every valid similarity -inf
+# The op contract: a query token whose every product with the document's valid tokens is -inf
+# (here [+inf, 0, ...] against tokens with a negative first entry) has the term -inf and the
+# document's first valid token as its argmax; a document with no valid token still gives 0 and -1.
+# Invalid document tokens (masked, past a length) hold a positive first entry, so a product of
+# one of them (+inf) would win if it took part.
+def rel_inf(a, b):
+    """rel() over the finite entries, inf unless a and b hold the same Inf / NaN entries."""
+    a, b = a.double().flatten().cpu(), b.double().flatten().cpu()
+    fin = torch.isfinite(b)
+    if not (torch.equal(torch.isfinite(a), fin) and torch.equal(a.isnan(), b.isnan())
+            and torch.equal(a[a.isinf()], b[b.isinf()])):
+        return float("inf")
+    return rel(a[fin], b[fin]) if fin.any() else 0.0
+
+
+def signed_first_entry(rows, valid, draw):
+    """rows[:, 0] = -draw where valid, +draw elsewhere (draw > 0)."""
+    rows[:, 0] = torch.where(valid, -draw, draw).to(rows.dtype)
+
+
+def minus_inf_inputs(rng, layout, dtype, D, Lq, Ld, nq, g, packed_q, packed_d, masks, d_lengths,
+                     codes, npairs):
+    """Random queries with [+inf, 0, ...] rows (row 0 of every even query, ~30% of all rows) and
+    documents signed as above (codes: 8-bit codes with fp32 scales). Documents 0 and 1 lose their
+    first 40 tokens and every token to the mask, where there is one. Query 0 spans Lq rows (the
+    tile is chosen by the longest query). Returns the queries, the op's document arguments (d,
+    d_scale), the reference's (dequantized d) and the rest of fwd's arguments."""
+    q_lens = iter([Lq] + [rng.randint(1, Lq) for _ in range(nq - 1)])
+    q, qo, ql, qm, max_lq = token_set(nq, Lq, D, dtype, packed_q, masks, lambda: next(q_lens))
+    ndocs = nq * g if layout == GROUPED else g
+    d, do, dl, dm, _ = token_set(ndocs, Ld, D, torch.float32, packed_d, masks,
+                                 lambda: rng.randint(0, Ld))
+    dl = dl if d_lengths or packed_d else None
+    if dm is not None:
+        starts = do.tolist() if packed_d else [k * Ld for k in range(ndocs + 1)]
+        flat_m = dm.view(-1)
+        flat_m[starts[0]:min(starts[0] + 40, starts[1])] = False
+        if ndocs > 1:
+            flat_m[starts[1]:starts[2]] = False
+    if qm is not None:
+        qm.view(-1)[(qo[:-1].long() if packed_q else torch.arange(nq, device="cuda") * Lq)] = True
+    valid = torch.cat([v for _, v in segments(d, do, dl, dm)])
+    rows = d.view(-1, D)
+    draw = torch.rand(rows.shape[0], device="cuda") + 0.5
+    d_scale = None
+    if codes is None:
+        signed_first_entry(rows, valid, draw)
+        d_op = d.to(dtype)
+        d_ref = d_op
+    else:
+        if codes == "int8":
+            c = torch.randint(-127, 128, rows.shape, device="cuda", dtype=torch.int8)
+            signed_first_entry(c, valid, torch.randint(1, 128, draw.shape, device="cuda"))
+        else:
+            c = (torch.randn(rows.shape, device="cuda") * 2).clamp(-8, 8).to(torch.float8_e4m3fn)
+            signed_first_entry(c, valid, draw * 4)
+        scale = torch.rand(rows.shape[0], device="cuda") + 0.5
+        d_op = c.view(d.shape)
+        d_scale = scale.view(d.shape[:-1])
+        d_ref = (c.double() * scale.double()[:, None]).view(d.shape)
+    qrows = q.view(-1, D)
+    inf_rows = torch.rand(qrows.shape[0], device="cuda") < 0.3
+    firsts = qo[:-1:2].long() if packed_q else torch.arange(0, nq, 2, device="cuda") * Lq
+    inf_rows[firsts] = True
+    qrows[inf_rows] = 0
+    qrows[inf_rows, 0] = float("inf")
+    pq = pd = None
+    if layout == PAIRS:  # query 0 (a [+inf, 0, ...] row 0) among them
+        pq = torch.randint(0, nq, (npairs,), dtype=torch.int32)
+        pq[0] = 0
+        pq = torch.sort(pq).values.cuda()
+        pd = torch.randint(0, ndocs, (npairs,), dtype=torch.int32).cuda()
+    rest = (qo, ql, qm, do, dl, dm, pq, pd, layout, g if layout == GROUPED else 0,
+            max_lq if packed_q else Lq)
+    return q, d_op, d_scale, d_ref, rest
+
+
+def minus_inf_entries(args, pairs):
+    """[pairs, max_lq]: the argmax entries of valid [+inf, 0, ...] query rows against documents
+    with a valid token, and how many of those entries have a first valid token past 0."""
+    q, d, qo, ql, qm, do, dl, dm = args[:8]
+    qs, ds = segments(q, qo, ql, qm), segments(d, do, dl, dm)
+    e = torch.zeros(len(pairs), args[12], dtype=torch.bool, device=q.device)
+    late = 0
+    for p, (i, j) in enumerate(pairs):
+        (qr, qv), (_, dv) = qs[i], ds[j]
+        if dv.any():
+            rows = ((qr[:, 0] == float("inf")) & qv)[: args[12]]
+            e[p, : rows.numel()] = rows
+            late += int(rows.sum()) if int(dv.long().argmax()) > 0 else 0
+    return e, late
+
+
+def check_minus_inf(ops, rng, tile, layout, dtype, D, Lq, Ld, nq, g, packed_q=False,
+                    packed_d=False, masks=False, d_lengths=True, argmax=True, tf32=None,
+                    codes=None, npairs=None):
+    """One call of the -inf rule on the shape that takes `tile` on Hopper (the name is a label):
+    scores and argmax against float64, the rule's entries exactly, and the gradient."""
+    q, d, d_scale, d_ref, rest = minus_inf_inputs(rng, layout, dtype, D, Lq, Ld, nq, g, packed_q,
+                                                  packed_d, masks, d_lengths, codes,
+                                                  npairs or 3 * nq)
+    if codes is None:
+        s, a = ops.fwd(q, d, *rest, argmax, bool(tf32))
+    else:
+        s, a = ops.fwd_scaled(q, None, d, d_scale, *rest, argmax)
+    args = (q, d_ref, *rest)
+    rs, ra, pairs = ref_fwd(*args)
+    err = rel_inf(s, rs)
+    tol = 3e-3 if tf32 else 1e-6 if tf32 is not None else 1e-5
+    entries, late = minus_inf_entries(args, pairs)
+    n_inf = int((rs == float("-inf")).sum())
+    msg = (f"-inf {tile}: layout={layout} {str(dtype)[6:]}{' ' + codes if codes else ''}"
+           f"{'' if tf32 is None else ' tf32' if tf32 else ' split-tf32'} D={D} Lq={Lq} Ld={Ld} "
+           f"nq={nq} g={g} pq={packed_q} pd={packed_d} m={masks} lengths={d_lengths} am={argmax}: "
+           f"err={err:.2e}, {n_inf} -inf scores, {int(entries.sum())} rule entries ({late} past 0)")
+    ok = err <= tol and n_inf > 0
+    if ok and argmax:
+        flat = a.reshape(ra.shape)
+        rule_ok = torch.equal(flat[entries], ra[entries])
+        others = argmax_bad(torch.where(entries, ra, flat), ra, args, pairs, 1e-2 if tf32 else 1e-6)
+        ok = rule_ok and others == 0
+        msg += f", rule argmax exact={rule_ok}, other argmax mismatches={others}"
+    if ok and argmax and codes is None:
+        grad = torch.rand(s.shape, device="cuda") + 0.5
+        qo, do, pq, pd, layout_, group = rest[0], rest[3], rest[6], rest[7], rest[8], rest[9]
+        dq, dd = ops.bwd(grad, q, d, a, qo, do, pq, pd, layout_, group)
+        rdq, rdd = ref_bwd(grad.flatten(), q, d, flat, qo.tolist() if qo is not None else None,
+                           do.tolist() if do is not None else None, pairs)
+        e1, e2 = rel_inf(dq, rdq), rel_inf(dd, rdd)
+        gtol = 1e-5 if dtype == torch.float32 else (2e-3 if dtype == torch.float16 else 1e-2)
+        ok = e1 <= gtol and e2 <= gtol
+        msg += f", dq={e1:.2e} dd={e2:.2e}"
+    if not ok:
+        print("FAIL", msg, flush=True)
+    return ok
+
+
+def minus_inf_cases():
+    """(tile on Hopper, layout, dtype, D, Lq, Ld, nq, g, options) for every tensor-core tile (on
+    other GPUs the same shapes take the mma.sync tiles): 16-bit rows, fp32 on the TF32 tiles
+    (2^24+ multiply-adds), 8-bit codes against fp16 / bf16 queries. A mask without lengths takes
+    the mask-extent path; "g" is the group (grouped) or the document count."""
+    mask_only = dict(masks=True, d_lengths=False)
+    cases = []
+    for dt in (torch.float16, torch.bfloat16):
+        cases += [
+            ("wgmma_stream", GROUPED, dt, 128, 20, 150, 3, 4, dict(masks=True)),
+            ("wgmma_stream", GROUPED, dt, 128, 20, 150, 3, 4, dict(mask_only, argmax=False)),
+            ("wgmma_stream", PAIRS, dt, 128, 20, 150, 3, 4,
+             dict(packed_q=True, packed_d=True, masks=True)),
+            ("wgmma_deep", GROUPED, dt, 128, 16, 600, 2, 3, mask_only),
+            ("wgmma_deep", ALL, dt, 128, 16, 600, 2, 3, dict(argmax=False)),
+            ("mma_stream", ALL, dt, 96, 20, 70, 2, 5, dict(masks=True)),
+            ("mma_stream", PAIRS, dt, 96, 20, 70, 3, 5, dict(packed_d=True, argmax=False)),
+            ("mma_split", ALL, dt, 64, 50, 90, 2, 6, mask_only),
+            ("mma_split", PAIRS, dt, 64, 50, 90, 3, 6, dict(packed_q=True, argmax=False)),
+            ("mma_block", PAIRS, dt, 64, 130, 70, 2, 5, dict(masks=True)),  # two row tiles
+            ("mma_block", ALL, dt, 64, 16, 70, 9, 11, dict(mask_only, argmax=False)),  # 8 queries
+        ]
+    cases += [
+        ("wgmma_block", ALL, torch.float16, 128, 32, 1000, 32, 70, mask_only),
+        ("wgmma_block", GROUPED, torch.bfloat16, 64, 200, 1024, 4, 70, dict(argmax=False)),
+        ("wgmma_block", GROUPED, torch.float16, 64, 200, 1024, 4, 70, dict(masks=True)),
+    ]
+    for k, tf32 in enumerate((False, True)):
+        f32 = torch.float32
+        cases += [
+            ("mma_stream", GROUPED, f32, 128, 32, 180, 5, 40, dict(masks=True, tf32=tf32)),
+            ("mma_split", GROUPED, f32, 64, 50, 100, 3, 40, dict(mask_only, tf32=tf32)),
+            ("mma_block", ALL, f32, 128, 16, 100, 9, 100, dict(argmax=k == 0, tf32=tf32)),
+            ("mma_block", PAIRS, f32, 128, 130, 70, 2, 20,
+             dict(packed_d=True, masks=True, tf32=tf32, npairs=200)),
+        ]
+    for fmt in ("int8", "e4m3"):
+        for dt in (torch.float16, torch.bfloat16):
+            scores = dict(argmax=False, codes=fmt)
+            cases += [
+                ("mma_stream", GROUPED, dt, 64, 20, 70, 3, 4, dict(masks=True, codes=fmt)),
+                ("mma_codes", GROUPED, dt, 128, 32, 600, 2, 3, dict(mask_only, codes=fmt)),
+                ("mma_codes", ALL, dt, 64, 32, 600, 2, 3, scores),
+                ("warp_stream", GROUPED, dt, 128, 32, 150, 3, 4, dict(scores, masks=True)),
+                ("warp_stream", ALL, dt, 128, 20, 150, 2, 6, dict(scores, **mask_only)),
+                ("warp_stream", ALL, dt, 128, 20, 150, 2, 6,
+                 dict(scores, packed_d=True, masks=True)),
+                ("mma_split", PAIRS, dt, 128, 50, 90, 3, 5, dict(masks=True, codes=fmt)),
+                ("mma_block", PAIRS, dt, 64, 130, 70, 2, 5, scores),
+            ]
+        cases += [
+            ("wgmma_codes", ALL, torch.float16, 128, 32, 1000, 32, 70, dict(mask_only, codes=fmt)),
+            ("wgmma_codes", ALL, torch.bfloat16, 128, 32, 1000, 32, 70,
+             dict(argmax=False, codes=fmt)),
+        ]
+    return cases
 
 
 def run_checks(ops):
@@ -378,6 +574,9 @@ def run_checks(ops):
                                    tf32=turn % 2 == 0, npairs=nq * g)
     for more in (packed_dd_checks(ops, rng), contrastive_step_packed_checks(ops)):
         n_ok, n = n_ok + more[0], n + more[1]
+    for (tile, layout, dtype, D, Lq, Ld, nq, g, opts) in minus_inf_cases():
+        n += 1
+        n_ok += check_minus_inf(ops, rng, tile, layout, dtype, D, Lq, Ld, nq, g, **opts)
     print(f"checks: {n_ok}/{n} passed in {time.time() - t:.1f} s", flush=True)
     return n_ok == n
 

@@ -58,6 +58,35 @@ def test_all_minus_inf_similarities_send_the_gradient_to_the_first_valid_token(b
     torch.testing.assert_close(q.grad[:, 0].cpu(), expected.expand(2, H))
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_all_minus_inf_similarities_on_the_tensor_core_tiles(dtype):
+    """The rule at a shape the tensor-core tiles take (the cases above run on the CUDA-core
+    kernel): document k's first valid token is k or later, document 5 has none (0 and -1)."""
+    if maxsim.cuda_ops()[0] is None:
+        pytest.skip("the CUDA kernels are unavailable")
+    q = torch.randn(32, 32, 64, device="cuda")
+    q[:, 0] = 0.0
+    q[:, 0, 0] = float("inf")
+    d = torch.randn(64, 80, 64, device="cuda")
+    d_mask = random_mask((64, 80), "cuda") & (torch.arange(80, device="cuda") >= torch.arange(
+        64, device="cuda")[:, None])
+    d_mask[5] = False
+    d[..., 0] = torch.where(d_mask, -(d[..., 0].abs() + 0.5), d[..., 0].abs() + 0.5)
+    q, d = q.to(dtype), d.to(dtype)
+    has = d_mask.any(1)
+    first_valid = torch.where(has, d_mask.int().argmax(1), -1)
+    scores, argmax = maxsim.maxsim_with_argmax(q, d, d_mask=d_mask, backend="cuda")
+    assert torch.equal(argmax[:, :, 0], first_valid.int().expand(32, 64))
+    assert (scores[:, has] == float("-inf")).all() and scores[:, ~has].isfinite().all()
+    q.requires_grad_()
+    d.requires_grad_()
+    maxsim.maxsim(q, d, d_mask=d_mask, backend="cuda").sum().backward()
+    rows = torch.arange(64, device="cuda")[has]
+    assert (d.grad[rows, first_valid[has], 0] == float("inf")).all()
+    assert (d.grad[~d_mask] == 0).all(), "a masked token received gradient"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
 def test_float_and_integer_masks_mean_nonzero_is_valid(backend_device, dtype):
     backend, device = backend_device
