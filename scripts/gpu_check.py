@@ -331,6 +331,8 @@ def contrastive_step_packed_checks(ops):
                   f"dd={e2:.2e}", flush=True)
         n, n_ok = n + 1, n_ok + ok
     return n_ok, n
+
+
 # ---------------------------------------------------------------- every valid similarity -inf
 # The op contract: a query token whose every product with the document's valid tokens is -inf
 # (here [+inf, 0, ...] against tokens with a negative first entry) has the term -inf and the
