@@ -18,7 +18,7 @@ namespace maxsim {
 
 constexpr int kSortThreads = 512;
 constexpr int kSortWarps = kSortThreads / 32;  // at most this many ranges
-constexpr int kSortMaxRows = 8192;             // padded length up to which the sort takes padded documents
+constexpr int kSortMaxRows = 8192;             // the longest padded documents the sort takes
 constexpr int kSortPrefetch = 4;               // entry loads in flight per lane
 
 // Where document j's entries start in dd_sorted (documents laid out one after the other).
