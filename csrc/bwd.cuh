@@ -53,7 +53,7 @@ __device__ __forceinline__ int64_t doc_pair_out(const BwdParams& p, int j, int64
 __device__ __forceinline__ int segment_at_or_before(const TokenSet& s, int64_t r) {
   int lo = 0, hi = s.count;
   while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
+    const int mid = lo + (hi - lo) / 2;  // lo + hi may pass INT_MAX
     if (s.offsets[mid] <= r) lo = mid; else hi = mid;
   }
   return lo;
