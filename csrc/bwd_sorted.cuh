@@ -184,15 +184,11 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dd_rows_kernel(const BwdPa
   if (row0 >= p.d.rows) return;  // both of the warp's rows are past the end
   const int64_t row = row0 + half;
   const bool has_row = row < p.d.rows;
-  // A row no document owns (a packed row outside every well-formed document) gets zeros. Its
-  // start and count are loaded while the owner is searched for, and dropped where there is none
-  // (the sort never wrote them).
-  const int start_at = has_row ? p.dd_start[row] : 0;
-  const int count_at = has_row ? p.dd_count[row] : 0;
+  // A row no document owns (a packed row outside every well-formed document) gets zeros.
   const int owner = has_row ? owner_of_row(p.d, row) : -1;
   const int j = max(owner, 0);
-  const int start = owner >= 0 ? start_at : 0;
-  const int count = owner >= 0 ? count_at : 0;
+  const int start = owner >= 0 ? p.dd_start[row] : 0;
+  const int count = owner >= 0 ? p.dd_count[row] : 0;
   const int warp_count = max(count, __shfl_xor_sync(0xffffffffu, count, 16));
   const T* qg = static_cast<const T*>(p.q.data);
   const int64_t* my_at = ent_at[w] + half * 16;

@@ -118,7 +118,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
     // cols > 0: the document's id and offsets are in range.
     const int doc = items.doc(item);
     const int64_t first_row = p.d.offsets != nullptr ? int64_t(p.d.offsets[doc]) : int64_t(doc) * p.d.pad_len;
-    return warp_first_set_outlined(p.d.mask + first_row, cols, lane);
+    return warp_first_set(p.d.mask + first_row, cols, lane);
   }
   // Which query the epilogue's rows belong to.
   __device__ __forceinline__ int query_of_rows() const {

@@ -80,12 +80,6 @@ __device__ __forceinline__ int warp_first_set(const bool* mask, int cols, int la
   return -1;
 }
 
-// warp_first_set for a caller inside a kernel's main loop: not inlined, so that its loop takes
-// none of the registers the main loop keeps live around the (rarely taken) call.
-inline __device__ __noinline__ int warp_first_set_outlined(const bool* mask, int cols, int lane) {
-  return warp_first_set(mask, cols, lane);
-}
-
 // Query and document of score `p`. Explicit pairs return the ids as given: segment_of checks them.
 __device__ __forceinline__ int pair_query(const PairMap& m, int num_docs, int p) {
   switch (m.layout) {
