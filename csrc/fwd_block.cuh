@@ -113,12 +113,9 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   // The first set mask flag of the current document's valid prefix, -1 where none is: the
   // argmax of a row whose every valid similarity is -inf. Whole warps call it (one warp's scan).
   __device__ __forceinline__ int first_masked_in(int item) const {
-    const int cols = c_span.cols;
-    if (cols <= 0) return -1;
-    // cols > 0: the document's id and offsets are in range.
-    const int doc = items.doc(item);
-    const int64_t first_row = p.d.offsets != nullptr ? int64_t(p.d.offsets[doc]) : int64_t(doc) * p.d.pad_len;
-    return warp_first_set(p.d.mask + first_row, cols, lane);
+    if (c_span.cols <= 0) return -1;
+    const Segment g = items.doc_segment(p.d, items.doc(item));  // the span's own segment
+    return warp_first_set(p.d.mask + g.first_row, c_span.cols, lane);
   }
   // Which query the epilogue's rows belong to.
   __device__ __forceinline__ int query_of_rows() const {
