@@ -67,7 +67,7 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
       auto rows = vec_rows(p.q, p.dim, kSlice<T>) ? bwd_dd_rows_kernel<T, true>
                                                  : bwd_dd_rows_kernel<T, false>;
       rows<<<static_cast<unsigned>(blocks), kBwdThreads, 0, stream>>>(p);
-    } else if (p.d.rows > 0) {
+    } else if (p.d.rows > 0 && p.d.offsets == nullptr) {  // padded documents past kSortMaxRows
       const int rows = dd_rows(p.dim, p.d.rows, dev.num_sms);
       const size_t smem = size_t(rows) * p.dim * sizeof(float);
       allow_smem<bwd_dd_kernel<T>>(smem);

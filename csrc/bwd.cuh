@@ -309,7 +309,8 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
   }
 }
 
-// One block per run of `rows` consecutive document rows (possibly spanning several documents).
+// dD of padded documents longer than the sort takes (kSortMaxRows): one block per run of `rows`
+// consecutive document rows (possibly spanning several documents).
 // The block stages the argmax entries of the documents it touches in shared memory, a few
 // thousand at a time (one coalesced pass, many loads in flight). Warp w owns the rows with
 // (row - r0) % warps == w and walks the staged entries in order, lanes over entries, queueing its
@@ -331,9 +332,8 @@ bwd_dd_kernel(const BwdParams p, int64_t total_rows, int rows) {
   const int block_rows = static_cast<int>(r1 - r0);
   for (int x = tid; x < rows * p.dim; x += kBwdThreads) acc[x] = 0.f;
 
-  auto doc_of_row = [&](int64_t r) -> int {
-    return p.d.offsets == nullptr ? static_cast<int>(r / p.d.pad_len) : segment_at_or_before(p.d, r);
-  };
+  // Padded documents only: packed ones always take the sorted dD (bwd_sorts_rows).
+  auto doc_of_row = [&](int64_t r) -> int { return static_cast<int>(r / p.d.pad_len); };
   const T* qg = static_cast<const T*>(p.q.data);
   const bool vec_rows = p.dim % 4 == 0;  // accumulator rows then start 16-byte aligned
   const int j_last = doc_of_row(r1 - 1);
