@@ -161,7 +161,7 @@ bool fits(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
 bool byte_rows(const FwdParams& p) { return p.codes == Codes::kInt8 || p.codes == Codes::kE4m3; }
 
 // The tiles whose blocks own 128 query rows: compute-bound, sized by waves of blocks.
-bool block_tile(Tile t) { return t == Tile::kMmaBlock || t == Tile::kWgmmaBlock || t == Tile::kWgmmaCodes; }
+bool block_tile(Tile t) { return t == Tile::kMmaBlock || t == Tile::kWgmmaBlock || t == Tile::kWgmmaConverted; }
 
 // Multiply-adds of a call (query rows x document rows x dim over its pairs), for the fp32 rule.
 double multiply_adds(const FwdParams& p) {
@@ -204,12 +204,15 @@ Tile row_tile(const FwdParams& p, int lq, int& qpb) {
 
 // Hopper's form of an mma.sync tile, where its shared memory fits.
 Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype, const DeviceInfo& dev) {
-  if (dev.sm != 90 || dtype == DType::kF32) return tile;  // fp32 rows: the mma.sync tiles only
+  if (dev.sm != 90) return tile;
   const bool bytes = byte_rows(p);
+  const bool fp32 = dtype == DType::kF32;
+  if (fp32 && tile != Tile::kMmaBlock) return tile;  // fp32 rows: only the block tile on wgmma
   if (tile == Tile::kMmaBlock) {
-    // wgmma needs whole 64-dim swizzle atoms (at most two) and a query tile that stays (not
-    // explicit pairs), and enough document tiles (>= ~32 per SM) to keep two blocks streaming.
-    const Tile wg = bytes ? Tile::kWgmmaCodes : Tile::kWgmmaBlock;
+    // wgmma needs whole swizzle atoms (64 16-bit dims, 32 fp32; at most two and four) and a
+    // query tile that stays (not explicit pairs), and enough document tiles (>= ~32 per SM) to
+    // keep the blocks streaming.
+    const Tile wg = bytes || fp32 ? Tile::kWgmmaConverted : Tile::kWgmmaBlock;
     if ((p.dim != 64 && p.dim != 128) || p.pairs.layout == kPairs || !fits(wg, p, dtype, dev)) return tile;
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     return int64_t(grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32 ? wg : tile;
@@ -258,7 +261,7 @@ void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& de
     // wgmma tiles go to 16 where each block still gets 16+ documents.
     const int64_t target = int64_t(dev.num_sms) * 8;
     int64_t chunks = std::max<int64_t>(1, target / std::max(1, g.q_tiles));
-    if (plan.tile == Tile::kWgmmaBlock || plan.tile == Tile::kWgmmaCodes)
+    if (plan.tile == Tile::kWgmmaBlock || plan.tile == Tile::kWgmmaConverted)
       chunks = std::max(chunks, std::min<int64_t>(2 * chunks, items / 16));
     g.docs_per_block = static_cast<int>((items + chunks - 1) / chunks);
   }

@@ -44,6 +44,10 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   const int dim_arg;  // p.dim
   // Shared memory (Cfg::smem)
   T* q_s;
+  T* q_lo_s;  // split TF32 on wgmma: the query values' remainders (q_s holds their TF32 parts)
+  // Split TF32 on wgmma: some query value of the tile is +-Inf, so the products take the
+  // documents' split that keeps Inf products as in fp32 (WgmmaTransposedLoop::split_doc).
+  bool q_inf = false;
   DElem* d_s;
   float *red_v, *row_val, *row_scale, *scale_s;
   int* red_i;
@@ -71,6 +75,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
         items(params.pairs, params.q.count, params.d.count, g, qtile, chunk) {
     const SmemLayout s = Cfg::smem(dim());
     q_s = reinterpret_cast<T*>(raw + s.q);
+    q_lo_s = q_s + BM * lds();
     d_s = reinterpret_cast<DElem*>(raw + s.d);
     red_v = reinterpret_cast<float*>(raw + s.red_v);
     red_i = reinterpret_cast<int*>(raw + s.red_i);
@@ -93,10 +98,12 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   __device__ __forceinline__ int chunks() const { return kdim() / Cfg::kQChunk; }
   __device__ __forceinline__ int d_chunks() const { return kdim() / Cfg::kChunkElems; }
 
-  // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows: K-major in 64-dim
-  // atoms, each row's eight 16-byte chunks XOR-swizzled by row % 8 (the 128-byte swizzle).
+  // Element offset of (row r, 16-byte chunk c) in a wgmma tile of `rows` rows: K-major in atoms
+  // of 128-byte rows (64 16-bit dims, 32 fp32 ones), each row's eight 16-byte chunks XOR-swizzled
+  // by row % 8 (the 128-byte swizzle).
   __device__ static __forceinline__ int swz(int r, int c, int rows) {
-    return (c / 8) * rows * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
+    constexpr int E = 16 / sizeof(T);  // elements per chunk
+    return (c / 8) * rows * 8 * E + r * 8 * E + ((c % 8) ^ (r % 8)) * E;
   }
   // Tiles of codes read by the transposed tile's register operand: chunk c of an odd row of 128
   // codes sits at c ^ 4, so that one 16-byte load of eight lanes (chunks 0..3 or 4..7 of two

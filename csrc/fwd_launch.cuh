@@ -81,7 +81,7 @@ void with_tile(Tile tile, F&& f) {
     case Tile::kMmaSplit: f(std::integral_constant<Tile, Tile::kMmaSplit>{}); break;
     case Tile::kMmaBlock: f(std::integral_constant<Tile, Tile::kMmaBlock>{}); break;
     case Tile::kWgmmaBlock: f(std::integral_constant<Tile, Tile::kWgmmaBlock>{}); break;
-    case Tile::kWgmmaCodes: f(std::integral_constant<Tile, Tile::kWgmmaCodes>{}); break;
+    case Tile::kWgmmaConverted: f(std::integral_constant<Tile, Tile::kWgmmaConverted>{}); break;
     case Tile::kWgmmaStream: f(std::integral_constant<Tile, Tile::kWgmmaStream>{}); break;
     case Tile::kWgmmaDeepStream: f(std::integral_constant<Tile, Tile::kWgmmaDeepStream>{}); break;
     case Tile::kMmaCodeStream: f(std::integral_constant<Tile, Tile::kMmaCodeStream>{}); break;

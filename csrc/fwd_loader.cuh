@@ -16,6 +16,8 @@ struct StageLoader {
   // Single-TF32 queries are rounded once, as they are stored (through registers, not cp.async),
   // instead of in every product.
   static constexpr bool kRoundedQuery = B::kTf32Products == 1;
+  // Split TF32 on wgmma: the query tile is stored as its values' TF32 parts and remainders.
+  static constexpr bool kSplitQuery = B::kQueryParts == 2;
 
   B& b;
   // Each thread copies one 16-byte column chunk of every `row_step`-th row of a tile.
@@ -44,7 +46,7 @@ struct StageLoader {
   // Rows [row0, row0 + rows_in) of document `doc` (clipped to the tile) into stage `stage`.
   __device__ __forceinline__ void copy_rows(int stage, int doc, int64_t first_row, int row0, int rows_in) {
     const FwdParams& p = b.p;
-    if constexpr (kWg && !kCodes) {
+    if constexpr (kWg && !B::kDocOperand) {
       // Consecutive threads copy consecutive chunks of a row (128 swizzled bytes per 8 threads;
       // the wgmma tile's dims fill whole 64-dim atoms, so every chunk is in range). A thread's
       // rows are wg_step (a multiple of 8) apart, so its chunk's swizzled column never changes
@@ -114,6 +116,7 @@ struct StageLoader {
     const FwdParams& p = b.p;
     T* q_s = b.q_s;
     constexpr int kQc = B::kQChunk;  // elements per 16-byte chunk: 8, or 4 of fp32
+    bool inf = false;                // split queries: a value of this thread's is +-Inf
     for (int c = b.tid; c < BM * b.chunks(); c += kThreads) {
       const int r = c / b.chunks(), k = c % b.chunks();
       const int ql = r / b.rpq, t = b.t0 + r % b.rpq, qi = qfirst + ql;
@@ -122,7 +125,7 @@ struct StageLoader {
         const Segment g = segment_at(p.q, qi);
         if (t < g.rows) src = b.qg + row_elem(p.q, qi, g.first_row, t) + k * kQc;
       }
-      if constexpr ((!kWg || kWgT) && !kCodes && !kRoundedQuery) {
+      if constexpr ((!kWg || kWgT) && !kCodes && !kRoundedQuery && !kSplitQuery) {
         if (async) {
           T* dst = kWg ? q_s + B::swz(r, k, BM) : q_s + r * b.lds() + k * kQc;
           cp_async16(dst, src != nullptr ? src : b.qg, src != nullptr ? 16 : 0);
@@ -130,7 +133,22 @@ struct StageLoader {
         }
       }
       uint4 v = src != nullptr ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-      if constexpr (kWgT && kCodes) {
+      if constexpr (kRoundedQuery) v = make_uint4(tf32_of(v.x), tf32_of(v.y), tf32_of(v.z), tf32_of(v.w));
+      if constexpr (kSplitQuery) {
+        // TF32 parts into q_s, remainders into q_lo_s (an Inf's remainder 0, as split_tf32's)
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+        uint4 lo;
+        uint32_t* l = reinterpret_cast<uint32_t*>(&lo);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const SplitTf32x s = split_tf32(w[e]);
+          inf |= s.cross != s.hi;
+          w[e] = s.hi;
+          l[e] = s.lo;
+        }
+        *reinterpret_cast<uint4*>(q_s + B::swz(r, k, BM)) = v;
+        *reinterpret_cast<uint4*>(b.q_lo_s + B::swz(r, k, BM)) = lo;
+      } else if constexpr (kWgT && kCodes) {
         // The transposed tile's register operand: a lane converts 4 codes (dims 4i .. 4i+3) per
         // k16 step into its k pairs (2c, 2c+1) and (2c+8, 2c+9), c = lane % 4, taking codes
         // 16c .. 16c+15 of each 64-dim group over four steps; the query columns are stored in
@@ -147,10 +165,10 @@ struct StageLoader {
       } else if constexpr (kCodes) {
         store_query_chunk_for_codes(q_s + r * b.lds(), k, v);  // the order of the mma loop's codes
       } else {
-        if constexpr (kRoundedQuery) v = make_uint4(tf32_of(v.x), tf32_of(v.y), tf32_of(v.z), tf32_of(v.w));
         *reinterpret_cast<uint4*>(q_s + r * b.lds() + k * kQc) = v;
       }
     }
+    if constexpr (kSplitQuery) b.q_inf = __syncthreads_or(inf);
   }
 
   // Stores the mask bytes and scales loaded for the last issued tile.

@@ -7,11 +7,11 @@
 
 namespace maxsim {
 
-// Descriptor offset (16-byte units) of k16 step k in a swizzled wgmma tile of `rows` rows: a k
-// step or a stage moves the start address only (its field holds address / 16, no carry out).
-template <typename T>
+// Descriptor offset (16-byte units) of k step k in a swizzled wgmma tile of `rows` rows, a step
+// being 32 bytes of a row (k16 of 16-bit values, k8 of fp32, k32 of int8): a k step or a stage
+// moves the start address only (its field holds address / 16, no carry out).
 __device__ __forceinline__ uint64_t k_off(int k, int rows) {
-  return uint64_t(((k / 4) * rows * 64 + (k % 4) * 16) * sizeof(T) / 16);
+  return uint64_t((k / 4) * rows * 128 + (k % 4) * 32) / 16;
 }
 
 template <typename B>
@@ -45,9 +45,9 @@ struct WgmmaLoop {
 #pragma unroll
       for (int k = 0; k < b.kdim() / 16; ++k) {
         if constexpr (B::kIntDot)
-          wgmma_m64n128k32_s8(reinterpret_cast<int(&)[MT * NT * 4]>(d), a_desc + k_off<T>(k, BM), b_stage + k_off<T>(k, BN), k > 0);
+          wgmma_m64n128k32_s8(reinterpret_cast<int(&)[MT * NT * 4]>(d), a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
         else
-          wgmma_m64n128k16<B::kBf16>(d, a_desc + k_off<T>(k, BM), b_stage + k_off<T>(k, BN), k > 0);
+          wgmma_m64n128k16<B::kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
       }
       wgmma_commit();
       if (b.d_tma) {

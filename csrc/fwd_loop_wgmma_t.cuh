@@ -1,6 +1,7 @@
 // The transposed wgmma main loop of the tensor-core forward (sm_90a): S^T = D_tile * Q^T, one
 // warpgroup of 64 document tokens x BM query rows (m64n32 for 16-bit documents, both tiles read
-// from swizzled shared memory; m64n128 with 8-bit codes converted into the register operand).
+// from swizzled shared memory; m64n128 with 8-bit codes or fp32 rows converted into the register
+// operand).
 // Thread (warp, lane) holds document rows my_row and my_row + 8 of the tile against query rows
 // 8j + 2 (lane % 4) + h (d[4j + h], d[4j + 2 + h]).
 #pragma once
@@ -50,7 +51,7 @@ struct WgmmaTransposedLoop {
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma_m64n128k16_rs<B::kBf16>(d, a[k], q_desc + k_off<T>(4 * g + k, BM), g > 0 || k > 0);
+        wgmma_m64n128k16_rs<B::kBf16>(d, a[k], q_desc + k_off(4 * g + k, BM), g > 0 || k > 0);
       wgmma_commit();
     }
     in_shadow();  // work that does not touch the operands, while the products run
@@ -60,21 +61,88 @@ struct WgmmaTransposedLoop {
     for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
   }
 
+  // fp32 rows on TF32: the warp's 16 document rows of the current stage (G 32-dim groups of four
+  // k8 steps) as the register operand, one step's fragment per ldmatrix, split into the three
+  // products' operands (remainders' terms first, then hi * hi; the query tile holds the TF32
+  // parts, q_lo_desc the remainders) or rounded (one product). Each group's operands take one of
+  // two register sets, so that a group converts while the one before multiplies.
+  template <int G, typename Shadow>
+  __device__ __forceinline__ static void tf32_product(const B& b, float (&d)[BM / 2], uint64_t q_desc,
+                                                      uint64_t q_lo_desc, Shadow&& in_shadow) {
+    constexpr int P = B::kTf32Products;  // operands per value: lo, cross, hi (3) or rounded (1)
+    const int ldd = b.ldd(), lane = b.lane;
+    const float* row = reinterpret_cast<const float*>(b.d_s) + b.stage * BN * ldd +
+                       (b.warp * 16 + lane % 16) * ldd + (lane / 16) * 4;
+    uint32_t op[2][4][P][4];  // [set][k step][operand][fragment register]
+    auto keep_set = [&](int set) {  // registers stay put until the products that read them end
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int o = 0; o < P; ++o)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) wgmma_keep(op[set][k][o][i]);
+    };
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int set = g % 2;
+      uint32_t raw[4][4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) ldmatrix_x4(raw[k], row + (4 * g + k) * 8);
+      if (g >= 2) {
+        wgmma_wait<1>();  // group g - 2, the last reader of this set, is done
+        keep_set(set);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (P == 3) {
+            const SplitTf32x x = b.q_inf ? split_tf32_signed(raw[k][i]) : split_tf32(raw[k][i]);
+            op[set][k][0][i] = x.lo;
+            op[set][k][1][i] = x.cross;
+            op[set][k][2][i] = x.hi;
+          } else {
+            op[set][k][0][i] = tf32_of(raw[k][i]);
+          }
+        }
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t off = k_off(4 * g + k, BM);
+        if constexpr (P == 3) {
+          wgmma_m64n128k8_tf32_rs(d, op[set][k][0], q_desc + off, g > 0 || k > 0);
+          wgmma_m64n128k8_tf32_rs(d, op[set][k][1], q_lo_desc + off, true);
+          wgmma_m64n128k8_tf32_rs(d, op[set][k][2], q_desc + off, true);
+        } else {
+          wgmma_m64n128k8_tf32_rs(d, op[set][k][0], q_desc + off, g > 0 || k > 0);
+        }
+      }
+      wgmma_commit();
+    }
+    in_shadow();  // work that does not touch the operands, while the products run
+    wgmma_wait<0>();
+    keep_set(0);
+    if constexpr (G > 1) keep_set(1);
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
+  }
+
   __device__ __forceinline__ static void run(B& b, StageLoader<B>& ld, RowMax<B>& rm, Epilogue<B>& epi) {
     const FwdParams& p = b.p;
     const PairMap& pm = p.pairs;
     const uint64_t q_desc = smem_desc_sw128(b.q_s);
+    const uint64_t q_lo_desc = B::kQueryParts == 2 ? smem_desc_sw128(b.q_lo_s) : q_desc;
     const uint64_t d_desc = smem_desc_sw128(reinterpret_cast<const T*>(b.d_s));
     const int my_row = b.warp * 16 + b.lane / 4;
     while (b.more()) {
       ld.stage_mask();
       cp_async_wait<STAGES - 2>();
-      // This thread's copies, then wgmma's reads (codes are read by the threads themselves).
-      if constexpr (!B::kCodes) fence_proxy_async();
+      // This thread's copies, then wgmma's reads (converted rows are read by the threads).
+      if constexpr (!B::kDocOperand) fence_proxy_async();
       __syncthreads();
-      // The next stage's copies: 8-bit codes issue them while this tile's products run.
+      // The next stage's copies: converted rows issue them while this tile's products run.
       auto refill = [&]() { ld.issue((b.stage + STAGES - 1) % STAGES, false); };
-      if constexpr (!B::kCodes) refill();
+      if constexpr (!B::kDocOperand) refill();
       if (pm.layout == kPairs && b.c_tile == 0) {
         const int qi = pm.pair_q[b.c_item];
         if (qi != b.loaded_q) {  // every warp passed its last wgmma's wait before the barrier above
@@ -105,12 +173,17 @@ struct WgmmaTransposedLoop {
             d[4 * j + h] *= s0;
             d[4 * j + 2 + h] *= s1;
           }
+      } else if constexpr (B::kTf32) {
+        rows_ok();
+        if constexpr (B::kDim > 0) tf32_product<B::kDim / 32>(b, d, q_desc, q_lo_desc, refill);
+        else if (b.kdim() == 128) tf32_product<4>(b, d, q_desc, q_lo_desc, refill);
+        else tf32_product<2>(b, d, q_desc, q_lo_desc, refill);
       } else {
         const uint64_t d_stage = d_desc + uint64_t(b.stage) * (BN * b.ldd() * sizeof(T) / 16);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < b.kdim() / 16; ++k)
-          wgmma_m64n32k16<B::kBf16>(d, d_stage + k_off<T>(k, BN), q_desc + k_off<T>(k, BM), k > 0);
+          wgmma_m64n32k16<B::kBf16>(d, d_stage + k_off(k, BN), q_desc + k_off(k, BM), k > 0);
         wgmma_commit();
         rows_ok();
         wgmma_wait<0>();

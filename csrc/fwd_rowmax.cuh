@@ -151,7 +151,7 @@ struct RowMax {
   // The transposed tile's step: d[4j + h] and d[4j + 2 + h] are document rows col and col + 8
   // (valid: ok0, ok1) against query row 8j + 2 (lane % 4) + h.
   __device__ __forceinline__ void transposed_max(const float (&d)[BM / 2], bool ok0, bool ok1, int col) {
-    if (B::kCodes && !kArgmax && ok0 && ok1) {  // both rows valid: no selects (compute-bound)
+    if (B::kDocOperand && !kArgmax && ok0 && ok1) {  // both rows valid: no selects (compute-bound)
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll

@@ -69,12 +69,15 @@ struct TileShape<Tile::kMmaBlock, DT>
 template <typename DT>
 struct TileShape<Tile::kWgmmaBlock, DT> : Shape<128, 128, 8, 1, 2, MainLoop::kWgmma, 2> {};
 
-// kMmaBlock's work for 8-bit codes: one warpgroup takes the product transposed (64 document rows
-// x 128 query rows), each warp converting its 16 rows of codes straight into wgmma's register
-// operand (no 16-bit copy of the tile in shared memory); three blocks per SM (two with argmax).
+// kMmaBlock's work for 8-bit codes and fp32 rows: one warpgroup takes the product transposed (64
+// document rows x 128 query rows), each warp converting its 16 document rows straight into
+// wgmma's register operand (no 16-bit copy of the tile in shared memory); three blocks per SM
+// (two with argmax). fp32 rows: two stages, one block (the split query tile's two TF32 parts
+// take 128 KB at D = 128).
 template <typename DT>
-struct TileShape<Tile::kWgmmaCodes, DT>
-    : Shape<128, 64, 2, 2, 3, MainLoop::kWgmmaTransposed, 3, 2> {};
+struct TileShape<Tile::kWgmmaConverted, DT>
+    : Shape<128, 64, 2, 2, kIsTf32<DT> ? 2 : 3, MainLoop::kWgmmaTransposed, kIsTf32<DT> ? 1 : 3,
+            kIsTf32<DT> ? 1 : 2> {};
 
 // kMmaStream's work on the transposed wgmma (16-bit documents, D = 64 / 128): both tiles read from
 // shared memory (no ldmatrix), each thread keeping a running max over its own document rows.
@@ -94,16 +97,17 @@ template <typename DT>
 struct TileShape<Tile::kMmaCodeStream, DT> : Shape<32, 128, 1, 4, 2, MainLoop::kMmaSync, 4> {};
 
 // Which (tile, storage, query dtype) instances exist: the transposed 32-row tiles take 16-bit
-// documents only, kWgmmaCodes and kMmaCodeStream 8-bit codes only, kWgmmaBlock 16-bit rows, and
-// int8 x int8 rows are fp16 pairs of codes (no bf16 instance); fp32 rows (float queries, TF32
-// products) take the three mma.sync tiles only.
+// documents only, kWgmmaConverted 8-bit codes and fp32 rows, kMmaCodeStream 8-bit codes only,
+// kWgmmaBlock 16-bit rows, and int8 x int8 rows are fp16 pairs of codes (no bf16 instance); fp32
+// rows (float queries, TF32 products) take the three mma.sync tiles and kWgmmaConverted.
 template <Tile kTile, typename DT, typename T>
 constexpr bool kInstanceOf =
     kIsTf32<DT> == std::is_same_v<T, float> &&
-    (!kIsTf32<DT> || kTile == Tile::kMmaStream || kTile == Tile::kMmaSplit || kTile == Tile::kMmaBlock) &&
+    (!kIsTf32<DT> || kTile == Tile::kMmaStream || kTile == Tile::kMmaSplit || kTile == Tile::kMmaBlock ||
+     kTile == Tile::kWgmmaConverted) &&
     (kTile != Tile::kWgmmaStream || std::is_same_v<DT, Plain>) &&
     (kTile != Tile::kWgmmaDeepStream || std::is_same_v<DT, Plain>) &&
-    (kTile != Tile::kWgmmaCodes || kIsCodes<DT>) &&
+    (kTile != Tile::kWgmmaConverted || kIsCodes<DT> || kIsTf32<DT>) &&
     (kTile != Tile::kMmaCodeStream || kIsCodes<DT>) &&
     (kTile != Tile::kWgmmaBlock || !kIsCodes<DT>) &&
     !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
@@ -135,6 +139,10 @@ struct TileConfig : TileShape<kTile, DT> {
   // wgmma tiles sit in shared memory with the 128-byte swizzle (mma.cuh), not padded rows.
   static constexpr bool kSwizzled = S::kLoop != MainLoop::kMmaSync;
   static constexpr bool kTransposed = S::kLoop == MainLoop::kWgmmaTransposed;
+  // Document rows the threads read and convert into the transposed wgmma's register operand.
+  static constexpr bool kDocOperand = kTransposed && (kCodes || kTf32);
+  // Query tiles in shared memory: split TF32 on wgmma keeps each value's TF32 part and remainder.
+  static constexpr int kQueryParts = kTransposed && kTf32Products == 3 ? 2 : 1;
   // Slices whose maxima merge per row: the transposed tile's four warps, else the column warps.
   static constexpr int kParts = kTransposed ? 4 : WN;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
@@ -144,9 +152,11 @@ struct TileConfig : TileShape<kTile, DT> {
   __host__ __device__ static int ldq(int dim) { return kdim(dim) + (kSwizzled ? 0 : kQChunk); }
   // Code rows: 8-byte lane loads of 8 rows are conflict-free when rows sit 8 or 24 banks apart.
   // The transposed tile's register operand loads 16 bytes per lane: unpadded rows whose 16-byte
-  // chunks are XOR-swizzled instead (TileBlock::code_chunk).
+  // chunks are XOR-swizzled instead (TileBlock::code_chunk); fp32 rows are padded by 16 bytes
+  // for ldmatrix, as the mma.sync tiles' are.
   __host__ __device__ static int ldd(int dim) {
     if constexpr (kCodes && kTransposed) return kdim(dim);
+    if constexpr (kTf32 && kTransposed) return kdim(dim) + kQChunk;
     if constexpr (kCodes) return kdim(dim) % 64 == 0 ? kdim(dim) + 32 : kdim(dim);
     return ldq(dim);
   }
@@ -155,7 +165,7 @@ struct TileConfig : TileShape<kTile, DT> {
     SmemLayout s;
     size_t at = 0;
     auto take = [&](size_t& field, size_t bytes) { field = at; at += bytes; };
-    take(s.q, size_t(BM) * ldq(dim) * sizeof(T));                // query tile
+    take(s.q, size_t(kQueryParts) * BM * ldq(dim) * sizeof(T));  // query tile(s)
     take(s.d, size_t(STAGES) * BN * ldd(dim) * sizeof(DElem));   // document stages
     take(s.red_v, size_t(kParts) * BM * sizeof(float));          // slices' row maxima
     take(s.red_i, size_t(kParts) * BM * sizeof(int));            // and their argmax

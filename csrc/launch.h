@@ -13,7 +13,8 @@ enum class Tile {
   kMmaSplit,         // mma.sync, 2 x 2 warps over 64 query rows
   kMmaBlock,         // mma.sync, 2 x 4 warps over 128 query rows x 128 tokens
   kWgmmaBlock,       // wgmma, two warpgroups over 128 x 128 (16-bit rows, int8 pairs)
-  kWgmmaCodes,       // transposed wgmma over 128 query rows, 8-bit codes as register operand
+  kWgmmaConverted,   // transposed wgmma over 128 query rows, documents converted into the register
+                     // operand (8-bit codes; fp32 rows as split or rounded TF32)
   kWgmmaStream,      // transposed wgmma, one warpgroup, one short query, two stages
   kWgmmaDeepStream,  // kWgmmaStream with four stages, for long padded documents
   kMmaCodeStream,    // mma.sync, 1 x 4 warps over 128-token tiles of 8-bit codes

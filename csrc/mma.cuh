@@ -112,12 +112,26 @@ __device__ __forceinline__ uint32_t tf32_of(uint32_t x) {
 struct SplitTf32x {
   uint32_t hi, cross, lo;
 };
+// Whether f is +-Inf or rounds to it as TF32 (false for NaN).
+__device__ __forceinline__ bool tf32_inf(float f) { return fabsf(f) >= __uint_as_float(0x7f7ff000u); }
 __device__ __forceinline__ SplitTf32x split_tf32(uint32_t x) {
   const float f = __uint_as_float(x);
   const uint32_t r = round_tf32(x);
   const float lo = f - __uint_as_float(r);
-  const bool inf = fabsf(f) >= __uint_as_float(0x7f7ff000u);  // false for NaN
+  const bool inf = tf32_inf(f);
   return {r, inf ? 0u : r, inf ? 0u : __float_as_uint(lo)};
+}
+// split_tf32 for products whose other operand may be +-Inf in the remainder's term (lo * q.hi):
+// lo has x's sign and is nonzero unless x is 0, so that Inf * lo agrees with Inf * hi. hi is x
+// cut toward zero (one TF32 step lower where the cut is exact), lo the rest rounded to TF32; an
+// Inf's lo is +-1 (its hi carries the Inf) and its cross 0. Within about 2^-20 |x| |y| per
+// product, against split_tf32's 2^-21.
+__device__ __forceinline__ SplitTf32x split_tf32_signed(uint32_t x) {
+  const float f = __uint_as_float(x);
+  uint32_t hi = x & 0xffffe000u;
+  if (hi == x && f != 0.f && !isinf(f)) hi -= 0x2000u;
+  if (isinf(f)) return {x, 0u, __float_as_uint(copysignf(1.f, f))};
+  return {hi, hi, tf32_of(__float_as_uint(f - __uint_as_float(hi)))};
 }
 
 // ---- Hopper warpgroup MMA (sm_90a): operands read from shared memory through descriptors.
@@ -165,12 +179,13 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define MAXSIM_WG_OUT(C)                                                                       \
   MAXSIM_WG_D8(C, 0), MAXSIM_WG_D8(C, 8), MAXSIM_WG_D8(C, 16), MAXSIM_WG_D8(C, 24),            \
   MAXSIM_WG_D8(C, 32), MAXSIM_WG_D8(C, 40), MAXSIM_WG_D8(C, 48), MAXSIM_WG_D8(C, 56)
-// One m64n128k16 wgmma of element type TYPE into d: OPERANDS names A (a descriptor or four
-// registers), B and the immediates after the accumulators, PRED the operand of `accumulate`.
+// One m64n128 wgmma of KIND (its k and types, e.g. "k16.f32.f16.f16") into d: OPERANDS names A
+// (a descriptor or four registers), B and the immediates after the accumulators, PRED the
+// operand of `accumulate`.
 #define MAXSIM_F(x) "+f"(x)
-#define MAXSIM_WG128(TYPE, OPERANDS, PRED, ...)                                                   \
+#define MAXSIM_WG128(KIND, OPERANDS, PRED, ...)                                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_REGS    \
+               "wgmma.mma_async.sync.aligned.m64n128" KIND " " MAXSIM_WG_REGS                      \
                OPERANDS ";\n}\n"                                                                  \
                : MAXSIM_WG_OUT(MAXSIM_F)                                                           \
                : __VA_ARGS__)
@@ -181,8 +196,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kBf16) MAXSIM_WG128("bf16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
-  else MAXSIM_WG128("f16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
+  if constexpr (kBf16) MAXSIM_WG128("k16.f32.bf16.bf16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
+  else MAXSIM_WG128("k16.f32.f16.f16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
 #endif
 }
 // D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T: the same layout over 4 column blocks (d[4j + e]).
@@ -211,9 +226,18 @@ template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MAXSIM_A "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
-  if constexpr (kBf16) MAXSIM_WG128("bf16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
-  else MAXSIM_WG128("f16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
+  if constexpr (kBf16) MAXSIM_WG128("k16.f32.bf16.bf16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
+  else MAXSIM_WG128("k16.f32.f16.f16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
 #undef MAXSIM_A
+#endif
+}
+// The same on TF32 operands, D[64 x 128] (+)= A[64 x 8] * B[128 x 8]^T: a[4] is each warp's
+// m16n8k8 TF32 A fragment (rows lane / 4 and + 8; k = lane % 4 and + 4). A k8 step of fp32 B
+// spans the 32 bytes of a 16-bit k16 step (k_off). TF32 takes no transpose immediate.
+__device__ __forceinline__ void wgmma_m64n128k8_tf32_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  MAXSIM_WG128("k8.f32.tf32.tf32", "{%64, %65, %66, %67}, %68, p, 1, 1", "%69", "r"(a[0]), "r"(a[1]),
+               "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
 #endif
 }
 #undef MAXSIM_WG128

@@ -506,6 +506,9 @@ def minus_inf_cases():
             ("mma_block", ALL, f32, 128, 16, 100, 9, 100, dict(argmax=k == 0, tf32=tf32)),
             ("mma_block", PAIRS, f32, 128, 130, 70, 2, 20,
              dict(packed_d=True, masks=True, tf32=tf32, npairs=200)),
+            ("wgmma_converted", ALL, f32, 128, 32, 1000, 32, 70, dict(mask_only, tf32=tf32)),
+            ("wgmma_converted", ALL, f32, 64, 32, 1000, 32, 70,
+             dict(argmax=k == 1, packed_d=True, masks=True, tf32=tf32)),
         ]
     for fmt in ("int8", "e4m3"):
         for dt in (torch.float16, torch.bfloat16):
@@ -522,8 +525,8 @@ def minus_inf_cases():
                 ("mma_block", PAIRS, dt, 64, 130, 70, 2, 5, scores),
             ]
         cases += [
-            ("wgmma_codes", ALL, torch.float16, 128, 32, 1000, 32, 70, dict(mask_only, codes=fmt)),
-            ("wgmma_codes", ALL, torch.bfloat16, 128, 32, 1000, 32, 70,
+            ("wgmma_converted", ALL, torch.float16, 128, 32, 1000, 32, 70, dict(mask_only, codes=fmt)),
+            ("wgmma_converted", ALL, torch.bfloat16, 128, 32, 1000, 32, 70,
              dict(argmax=False, codes=fmt)),
         ]
     return cases
@@ -574,6 +577,15 @@ def run_checks(ops):
                 n_ok += check_case(ops, rng, layout, torch.float32, D, Lq, Ld, nq, g, *packed,
                                    rng.random() < 0.5, argmax=rng.random() < 0.8, backward=False,
                                    tf32=turn % 2 == 0, npairs=nq * g)
+    # fp32 all pairs with enough document tiles for the block tile (on Hopper the transposed
+    # wgmma tile): both modes, both dims it takes, packed sets
+    for D in (128, 64):
+        for packed in ((False, False), (True, True), (False, True)):
+            for tf32 in (False, True):
+                n += 1
+                n_ok += check_case(ops, rng, ALL, torch.float32, D, 32, 1000, 32, 70, *packed,
+                                   rng.random() < 0.5, argmax=rng.random() < 0.7, backward=False,
+                                   tf32=tf32)
     for more in (packed_dd_checks(ops, rng), contrastive_step_packed_checks(ops)):
         n_ok, n = n_ok + more[0], n + more[1]
     for (tile, layout, dtype, D, Lq, Ld, nq, g, opts) in minus_inf_cases():

@@ -80,7 +80,7 @@ def test_embedding_dims_are_exact(h):
     assert_exact(*run(args, False), *reference_of(args))
 
 
-@pytest.mark.parametrize("lq, nd, ld", [(32, 256, 180), (32, 1000, 64), (200, 40, 300)])
+@pytest.mark.parametrize("lq, nd, ld", [(32, 256, 180), (32, 1000, 64), (200, 40, 300), (32, 1000, 300)])
 def test_split_tf32_is_within_fp32_accuracy(lq, nd, ld):
     """Normal values: split TF32 within 1e-6 of float64 (norm-wise, and each score within 1e-5 of
     the largest), single TF32 within 3e-3 and visibly not exact."""
@@ -110,11 +110,30 @@ def test_argmax_is_a_maximum_on_normal_values(tf32):
     assert torch.all((best - at)[argmax >= 0] <= tol * best.abs().clamp_min(1)[argmax >= 0])
 
 
+# (queries, documents, document length): a few row tiles, and all pairs with enough document
+# tiles for the compute-bound block tile (on Hopper the transposed wgmma tile, whose split keeps
+# Inf products apart where a query holds Inf).
+SIZES = [pytest.param((4, 64, 300), id="stream"), pytest.param((32, 300, 230), id="block")]
+
+
 @pytest.mark.parametrize("tf32", MODES)
-def test_nan_in_a_valid_token_makes_the_score_nan(tf32):
+@pytest.mark.parametrize("kinds", KINDS, ids="-".join)
+@pytest.mark.parametrize("h", [64, 128])
+def test_block_tile_grid_values_are_exact(h, kinds, tf32):
+    """All pairs on the block tile: packed sets, prefix lengths, masks, ties, NaN junk."""
+    q = token_set(kinds[0], 32, 32, h, torch.float32, DEVICE, "grid", junk="nan")
+    d = token_set(kinds[1], 300, 230, h, torch.float32, DEVICE, "grid", junk="nan")
+    args = op_args(q, d, ALLPAIRS)
+    assert_exact(*run(args, tf32), *reference_of(args))
+
+
+@pytest.mark.parametrize("tf32", MODES)
+@pytest.mark.parametrize("size", SIZES)
+def test_nan_in_a_valid_token_makes_the_score_nan(size, tf32):
     """Whatever the rounding to TF32 makes of a NaN's bits, its products stay NaN."""
-    Q = values((4, 32, 64), device=DEVICE, kind="grid")
-    D = values((64, 300, 64), device=DEVICE, kind="grid")
+    nq, nd, ld = size
+    Q = values((nq, 32, 64), device=DEVICE, kind="grid")
+    D = values((nd, ld, 64), device=DEVICE, kind="grid")
     # NaNs of every payload: CUDA's own (0x7fffffff), its negative (0xffffffff), PyTorch's
     D.view(torch.int32)[5, 17, 3] = 0x7FFFFFFF
     D.view(torch.int32)[6, 0, 0] = -1
@@ -129,15 +148,17 @@ def test_nan_in_a_valid_token_makes_the_score_nan(tf32):
 
 
 @pytest.mark.parametrize("tf32", MODES)
-def test_infinite_products_follow_fp32(tf32):
+@pytest.mark.parametrize("size", SIZES)
+def test_infinite_products_follow_fp32(size, tf32):
     """A query token [inf, 0, ...] against tokens whose first entry is positive: every product is
     +inf (never NaN, though the remainders of the zeros, or of exact values, are 0), so each score
     is +inf and the token's argmax is its document's first valid token (a tie of every valid
     token); masked tokens, whose first entry is negative, would give -inf."""
-    Q, D = values((4, 32, 128), device=DEVICE), values((64, 200, 128), device=DEVICE)
+    nq, nd, ld = size
+    Q, D = values((nq, 32, 128), device=DEVICE), values((nd, ld, 128), device=DEVICE)
     Q[:, 0] = 0.0
     Q[:, 0, 0] = float("inf")
-    d_mask = torch.rand(64, 200, device=DEVICE) < 0.8
+    d_mask = torch.rand(nd, ld, device=DEVICE) < 0.8
     d_mask[:, 0] = False
     d_mask[:, 1] = True
     D[..., 0] = torch.where(d_mask, D[..., 0].abs() + 0.5, -(D[..., 0].abs() + 0.5))
