@@ -66,7 +66,8 @@ struct WgmmaTransposedLoop {
   // products' operands (remainders' terms first, then hi * hi; the query tile holds the TF32
   // parts, q_lo_desc the remainders) or rounded (one product). Each group's operands take one of
   // two register sets, so that a group converts while the one before multiplies.
-  template <int G, typename Shadow>
+  // kSigned: the query tile holds +-Inf (TileBlock::q_inf), so the rows take split_tf32_signed.
+  template <int G, bool kSigned, typename Shadow>
   __device__ __forceinline__ static void tf32_product(const B& b, float (&d)[BM / 2], uint64_t q_desc,
                                                       uint64_t q_lo_desc, Shadow&& in_shadow) {
     constexpr int P = B::kTf32Products;  // operands per value: lo, cross, hi (3) or rounded (1)
@@ -97,7 +98,7 @@ struct WgmmaTransposedLoop {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           if constexpr (P == 3) {
-            const SplitTf32x x = b.q_inf ? split_tf32_signed(raw[k][i]) : split_tf32(raw[k][i]);
+            const SplitTf32x x = kSigned ? split_tf32_signed(raw[k][i]) : split_tf32(raw[k][i]);
             op[set][k][0][i] = x.lo;
             op[set][k][1][i] = x.cross;
             op[set][k][2][i] = x.hi;
@@ -175,9 +176,14 @@ struct WgmmaTransposedLoop {
           }
       } else if constexpr (B::kTf32) {
         rows_ok();
-        if constexpr (B::kDim > 0) tf32_product<B::kDim / 32>(b, d, q_desc, q_lo_desc, refill);
-        else if (b.kdim() == 128) tf32_product<4>(b, d, q_desc, q_lo_desc, refill);
-        else tf32_product<2>(b, d, q_desc, q_lo_desc, refill);
+        auto product = [&](auto groups) {
+          constexpr int G = decltype(groups)::value;
+          if (b.q_inf) tf32_product<G, B::kTf32Products == 3>(b, d, q_desc, q_lo_desc, refill);
+          else tf32_product<G, false>(b, d, q_desc, q_lo_desc, refill);
+        };
+        if constexpr (B::kDim > 0) product(std::integral_constant<int, B::kDim / 32>{});
+        else if (b.kdim() == 128) product(std::integral_constant<int, 4>{});
+        else product(std::integral_constant<int, 2>{});
       } else {
         const uint64_t d_stage = d_desc + uint64_t(b.stage) * (BN * b.ldd() * sizeof(T) / 16);
         wgmma_fence();
