@@ -22,18 +22,20 @@ struct Epilogue {
   // Each thread's bests into red_v / red_i: one slot per (slice, row).
   __device__ __forceinline__ void publish() {
     if constexpr (B::kWgT) {
-      // Query row 8j + 2 (lane % 4) + h: the eight lanes of equal lane % 4 hold the warp's 16
-      // document rows of every tile; lanes 0..3 publish the warp's best.
+      // Query row 8j + 2 (lane % 4) + h of the warpgroup's columns: the eight lanes of equal
+      // lane % 4 hold the warp's 16 document rows of every tile; lanes 0..3 publish the warp's
+      // best into the slot of its place in the warpgroup.
+      const int slot = (b.warp % 4) * BM + (b.warp / 4) * B::kWgCols;
 #pragma unroll
-      for (int j = 0; j < BM / 8; ++j)
+      for (int j = 0; j < B::kWgCols / 8; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float v = acc.best_v[j][h];
           int i = acc.best_i[j][h];
           Acc::merge_lanes(v, i, 4, 32);
           if (b.lane < 4) {
-            b.red_v[b.warp * BM + 8 * j + 2 * b.lane + h] = v;
-            b.red_i[b.warp * BM + 8 * j + 2 * b.lane + h] = i;
+            b.red_v[slot + 8 * j + 2 * b.lane + h] = v;
+            b.red_i[slot + 8 * j + 2 * b.lane + h] = i;
           }
         }
     } else {

@@ -3,7 +3,7 @@
 // from swizzled shared memory; m64n128 with 8-bit codes or fp32 rows converted into the register
 // operand).
 // Thread (warp, lane) holds document rows my_row and my_row + 8 of the tile against query rows
-// 8j + 2 (lane % 4) + h (d[4j + h], d[4j + 2 + h]).
+// 8j + 2 (lane % 4) + h of its warpgroup's (d[4j + h], d[4j + 2 + h]).
 #pragma once
 #include "fwd_loop_wgmma.cuh"
 
@@ -12,6 +12,7 @@ namespace maxsim {
 template <typename B>
 struct WgmmaTransposedLoop {
   static constexpr int BM = B::BM, BN = B::BN, STAGES = B::STAGES;
+  static constexpr int kAcc = B::kWgCols / 2;  // accumulators per thread: its warpgroup's columns
   using T = typename B::T;
   using DT = typename B::DT;
 
@@ -19,7 +20,7 @@ struct WgmmaTransposedLoop {
   // register operand, converted right before the product: per group each lane loads 16 codes of
   // rows my_row and my_row + 8 and turns them into four k steps' fragments.
   template <int G, typename Shadow>
-  __device__ __forceinline__ static void codes_product(const B& b, float (&d)[BM / 2], int my_row,
+  __device__ __forceinline__ static void codes_product(const B& b, float (&d)[kAcc], int my_row,
                                                        uint64_t q_desc, Shadow&& in_shadow) {
     // One group's operand registers, reused: group g + 1 is converted once group g's products
     // are done (the other resident blocks keep the tensor cores busy meanwhile). Holding every
@@ -58,7 +59,7 @@ struct WgmmaTransposedLoop {
     wgmma_wait<0>();
     keep_operand();
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
+    for (int i = 0; i < kAcc; ++i) wgmma_keep(d[i]);
   }
 
   // fp32 rows on TF32: the warp's 16 document rows of the current stage (G 32-dim groups of four
@@ -68,12 +69,12 @@ struct WgmmaTransposedLoop {
   // two register sets, so that a group converts while the one before multiplies.
   // kSigned: the query tile holds +-Inf (TileBlock::q_inf), so the rows take split_tf32_signed.
   template <int G, bool kSigned, typename Shadow>
-  __device__ __forceinline__ static void tf32_product(const B& b, float (&d)[BM / 2], uint64_t q_desc,
+  __device__ __forceinline__ static void tf32_product(const B& b, float (&d)[kAcc], uint64_t q_desc,
                                                       uint64_t q_lo_desc, Shadow&& in_shadow) {
     constexpr int P = B::kTf32Products;  // operands per value: lo, cross, hi (3) or rounded (1)
     const int ldd = b.ldd(), lane = b.lane;
     const float* row = reinterpret_cast<const float*>(b.d_s) + b.stage * BN * ldd +
-                       (b.warp * 16 + lane % 16) * ldd + (lane / 16) * 4;
+                       ((b.warp % 4) * 16 + lane % 16) * ldd + (lane / 16) * 4;
     uint32_t op[2][4][P][4];  // [set][k step][operand][fragment register]
     auto keep_set = [&](int set) {  // registers stay put until the products that read them end
 #pragma unroll
@@ -110,12 +111,16 @@ struct WgmmaTransposedLoop {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint64_t off = k_off(4 * g + k, BM);
+        auto mma = [&](const uint32_t(&a)[4], uint64_t desc, bool accumulate) {
+          if constexpr (kAcc == 64) wgmma_m64n128k8_tf32_rs(d, a, desc, accumulate);
+          else wgmma_m64n64k8_tf32_rs(d, a, desc, accumulate);
+        };
         if constexpr (P == 3) {
-          wgmma_m64n128k8_tf32_rs(d, op[set][k][0], q_desc + off, g > 0 || k > 0);
-          wgmma_m64n128k8_tf32_rs(d, op[set][k][1], q_lo_desc + off, true);
-          wgmma_m64n128k8_tf32_rs(d, op[set][k][2], q_desc + off, true);
+          mma(op[set][k][0], q_desc + off, g > 0 || k > 0);
+          mma(op[set][k][1], q_lo_desc + off, true);
+          mma(op[set][k][2], q_desc + off, true);
         } else {
-          wgmma_m64n128k8_tf32_rs(d, op[set][k][0], q_desc + off, g > 0 || k > 0);
+          mma(op[set][k][0], q_desc + off, g > 0 || k > 0);
         }
       }
       wgmma_commit();
@@ -125,16 +130,18 @@ struct WgmmaTransposedLoop {
     keep_set(0);
     if constexpr (G > 1) keep_set(1);
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) wgmma_keep(d[i]);
+    for (int i = 0; i < kAcc; ++i) wgmma_keep(d[i]);
   }
 
   __device__ __forceinline__ static void run(B& b, StageLoader<B>& ld, RowMax<B>& rm, Epilogue<B>& epi) {
     const FwdParams& p = b.p;
     const PairMap& pm = p.pairs;
-    const uint64_t q_desc = smem_desc_sw128(b.q_s);
-    const uint64_t q_lo_desc = B::kQueryParts == 2 ? smem_desc_sw128(b.q_lo_s) : q_desc;
+    // This warpgroup's query rows: kWgCols rows of 128 bytes into each swizzled atom column.
+    const int q_row0 = (b.warp / 4) * B::kWgCols * (128 / int(sizeof(T)));
+    const uint64_t q_desc = smem_desc_sw128(b.q_s + q_row0);
+    const uint64_t q_lo_desc = B::kQueryParts == 2 ? smem_desc_sw128(b.q_lo_s + q_row0) : q_desc;
     const uint64_t d_desc = smem_desc_sw128(reinterpret_cast<const T*>(b.d_s));
-    const int my_row = b.warp * 16 + b.lane / 4;
+    const int my_row = (b.warp % 4) * 16 + b.lane / 4;
     while (b.more()) {
       ld.stage_mask();
       cp_async_wait<STAGES - 2>();
@@ -154,7 +161,7 @@ struct WgmmaTransposedLoop {
           __syncthreads();
         }
       }
-      float d[BM / 2];
+      float d[kAcc];
       const int col = b.c_tile * BN + my_row;  // document token of d[4j + h]; d[4j + 2 + h]: col + 8
       bool ok0, ok1;
       auto rows_ok = [&]() {
@@ -168,7 +175,7 @@ struct WgmmaTransposedLoop {
         else if (b.kdim() == 128) codes_product<2>(b, d, my_row, q_desc, refill);
         else codes_product<1>(b, d, my_row, q_desc, refill);
 #pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
+        for (int j = 0; j < kAcc / 4; ++j)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             d[4 * j + h] *= s0;

@@ -12,7 +12,7 @@ struct RowMax {
   static constexpr bool kArgmax = B::kArgmax;
   // Per row tile and column parity (transposed tile: per query column block j of the product and
   // parity h, over this thread's document rows).
-  static constexpr int kBestRows = B::kWgT ? BM / 8 : MT;
+  static constexpr int kBestRows = B::kWgT ? B::kWgCols / 8 : MT;
   // Which of this thread's columns of a tile are valid: bit 2 * ni + e for column col0 + ni * 8 + e.
   static constexpr uint32_t kAllCols = NT * 2 == 32 ? ~0u : (1u << (NT * 2)) - 1;
 
@@ -150,16 +150,16 @@ struct RowMax {
 
   // The transposed tile's step: d[4j + h] and d[4j + 2 + h] are document rows col and col + 8
   // (valid: ok0, ok1) against query row 8j + 2 (lane % 4) + h.
-  __device__ __forceinline__ void transposed_max(const float (&d)[BM / 2], bool ok0, bool ok1, int col) {
+  __device__ __forceinline__ void transposed_max(const float (&d)[B::kWgCols / 2], bool ok0, bool ok1, int col) {
     if (B::kDocOperand && !kArgmax && ok0 && ok1) {  // both rows valid: no selects (compute-bound)
 #pragma unroll
-      for (int j = 0; j < BM / 8; ++j)
+      for (int j = 0; j < B::kWgCols / 8; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) best_v[j][h] = max_nan(best_v[j][h], max_nan(d[4 * j + h], d[4 * j + 2 + h]));
       return;
     }
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
+    for (int j = 0; j < B::kWgCols / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float v0 = ok0 ? d[4 * j + h] : -INFINITY, v1 = ok1 ? d[4 * j + 2 + h] : -INFINITY;

@@ -73,11 +73,12 @@ struct TileShape<Tile::kWgmmaBlock, DT> : Shape<128, 128, 8, 1, 2, MainLoop::kWg
 // document rows x 128 query rows), each warp converting its 16 document rows straight into
 // wgmma's register operand (no 16-bit copy of the tile in shared memory); three blocks per SM
 // (two with argmax). fp32 rows: two stages, one block (the split query tile's two TF32 parts
-// take 128 KB at D = 128).
+// take 128 KB at D = 128) of two warpgroups, each on 64 of the query rows, so that one splits
+// its operands while the other multiplies.
 template <typename DT>
 struct TileShape<Tile::kWgmmaConverted, DT>
-    : Shape<128, 64, 2, 2, kIsTf32<DT> ? 2 : 3, MainLoop::kWgmmaTransposed, kIsTf32<DT> ? 1 : 3,
-            kIsTf32<DT> ? 1 : 2> {};
+    : Shape<128, 64, 2, kIsTf32<DT> ? 4 : 2, kIsTf32<DT> ? 2 : 3, MainLoop::kWgmmaTransposed,
+            kIsTf32<DT> ? 1 : 3, kIsTf32<DT> ? 1 : 2> {};
 
 // kMmaStream's work on the transposed wgmma (16-bit documents, D = 64 / 128): both tiles read from
 // shared memory (no ldmatrix), each thread keeping a running max over its own document rows.
@@ -143,7 +144,11 @@ struct TileConfig : TileShape<kTile, DT> {
   static constexpr bool kDocOperand = kTransposed && (kCodes || kTf32);
   // Query tiles in shared memory: split TF32 on wgmma keeps each value's TF32 part and remainder.
   static constexpr int kQueryParts = kTransposed && kTf32Products == 3 ? 2 : 1;
-  // Slices whose maxima merge per row: the transposed tile's four warps, else the column warps.
+  // The transposed tile's warpgroups split the query rows (each multiplies all document rows of
+  // the tile by kWgCols of them).
+  static constexpr int kColGroups = kTransposed ? WM * WN / 4 : 1;
+  static constexpr int kWgCols = BM / kColGroups;
+  // Slices whose maxima merge per row: a transposed warpgroup's four warps, else the column warps.
   static constexpr int kParts = kTransposed ? 4 : WN;
   static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be >= 16 x 16");
 

@@ -241,6 +241,21 @@ __device__ __forceinline__ void wgmma_m64n128k8_tf32_rs(float (&d)[64], const ui
 #endif
 }
 #undef MAXSIM_WG128
+// D[64 x 64] (+)= A[64 x 8] * B[64 x 8]^T on TF32 operands, A from registers: the same layout over
+// 8 column blocks (d[4j + e]).
+__device__ __forceinline__ void wgmma_m64n64k8_tf32_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : MAXSIM_WG_D8(MAXSIM_F, 0), MAXSIM_WG_D8(MAXSIM_F, 8), MAXSIM_WG_D8(MAXSIM_F, 16),
+        MAXSIM_WG_D8(MAXSIM_F, 24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+#endif
+}
 #undef MAXSIM_F
 // Keeps a register the compiler sees as free (a wgmma's A operand, its accumulators) untouched up
 // to this point: placed after the wgmma's wait.
