@@ -45,8 +45,8 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   // Shared memory (Cfg::smem)
   T* q_s;
   T* q_lo_s;  // split TF32 on wgmma: the query values' remainders (q_s holds their TF32 parts)
-  // Split TF32 on wgmma: some query value of the tile is +-Inf, so the products take the
-  // documents' split that keeps Inf products as in fp32 (WgmmaTransposedLoop::split_doc).
+  // Split TF32 on wgmma: some query value of the tile is +-Inf, so the documents take the split
+  // that keeps Inf products as in fp32 (split_tf32_signed, mma.cuh).
   bool q_inf = false;
   DElem* d_s;
   float *red_v, *row_val, *row_scale, *scale_s;

@@ -1,7 +1,7 @@
-// The transposed wgmma main loop of the tensor-core forward (sm_90a): S^T = D_tile * Q^T, one
-// warpgroup of 64 document tokens x BM query rows (m64n32 for 16-bit documents, both tiles read
-// from swizzled shared memory; m64n128 with 8-bit codes or fp32 rows converted into the register
-// operand).
+// The transposed wgmma main loop of the tensor-core forward (sm_90a): S^T = D_tile * Q^T, each
+// warpgroup on the 64 document tokens of a stage x its kWgCols query rows (m64n32 for 16-bit
+// documents, both tiles read from swizzled shared memory; documents converted into the register
+// operand: m64n128 for 8-bit codes, two warpgroups of m64n64 for fp32 rows).
 // Thread (warp, lane) holds document rows my_row and my_row + 8 of the tile against query rows
 // 8j + 2 (lane % 4) + h of its warpgroup's (d[4j + h], d[4j + 2 + h]).
 #pragma once
