@@ -207,8 +207,7 @@ Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype
   if (dev.sm != 90) return tile;
   const bool bytes = byte_rows(p);
   const bool fp32 = dtype == DType::kF32;
-  // fp32 rows: only the block tile goes to wgmma, scores only (with the argmax, its registers
-  // spill and the mma.sync tile measured faster).
+  // fp32 rows: only the block tile goes to wgmma, scores only (kArgmaxInstanceOf).
   if (fp32 && (tile != Tile::kMmaBlock || p.argmax != nullptr)) return tile;
   if (tile == Tile::kMmaBlock) {
     // wgmma needs whole swizzle atoms (64 16-bit dims, 32 fp32; at most two and four) and a

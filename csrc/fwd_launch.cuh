@@ -120,9 +120,10 @@ int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
     constexpr Tile kTile = decltype(tile_tag)::value;
     constexpr int kFixed = kUnrolledDim<DT>;
     const bool fixed = p.dim == kFixed;
-    if (p.argmax != nullptr)
-      blocks = fixed ? resident_blocks<T, DT, kTile, true, kFixed>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
-    else
+    if (p.argmax != nullptr) {
+      if constexpr (kArgmaxInstanceOf<kTile, DT>)
+        blocks = fixed ? resident_blocks<T, DT, kTile, true, kFixed>(p.dim) : resident_blocks<T, DT, kTile, true, 0>(p.dim);
+    } else
       blocks = fixed ? resident_blocks<T, DT, kTile, false, kFixed>(p.dim) : resident_blocks<T, DT, kTile, false, 0>(p.dim);
   });
   return blocks;
@@ -151,8 +152,11 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
   with_instance<DT>(plan.tile, dtype, [&](auto type_tag, auto tile_tag) {
     using T = decltype(type_tag);
     constexpr Tile kTile = decltype(tile_tag)::value;
-    if (p.argmax != nullptr) launch_tc<T, DT, kTile, true>(p, plan, stream);
-    else launch_tc<T, DT, kTile, false>(p, plan, stream);
+    if (p.argmax != nullptr) {
+      if constexpr (kArgmaxInstanceOf<kTile, DT>) launch_tc<T, DT, kTile, true>(p, plan, stream);
+    } else {
+      launch_tc<T, DT, kTile, false>(p, plan, stream);
+    }
   });
 }
 

@@ -71,6 +71,7 @@ struct WgmmaTransposedLoop {
   template <int G, bool kSigned, typename Shadow>
   __device__ __forceinline__ static void tf32_product(const B& b, float (&d)[kAcc], uint64_t q_desc,
                                                       uint64_t q_lo_desc, Shadow&& in_shadow) {
+    static_assert(kAcc == 32, "fp32 rows: two warpgroups of m64n64");
     constexpr int P = B::kTf32Products;  // operands per value: lo, cross, hi (3) or rounded (1)
     const int ldd = b.ldd(), lane = b.lane;
     const float* row = reinterpret_cast<const float*>(b.d_s) + b.stage * BN * ldd +
@@ -111,16 +112,12 @@ struct WgmmaTransposedLoop {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint64_t off = k_off(4 * g + k, BM);
-        auto mma = [&](const uint32_t(&a)[4], uint64_t desc, bool accumulate) {
-          if constexpr (kAcc == 64) wgmma_m64n128k8_tf32_rs(d, a, desc, accumulate);
-          else wgmma_m64n64k8_tf32_rs(d, a, desc, accumulate);
-        };
         if constexpr (P == 3) {
-          mma(op[set][k][0], q_desc + off, g > 0 || k > 0);
-          mma(op[set][k][1], q_lo_desc + off, true);
-          mma(op[set][k][2], q_desc + off, true);
+          wgmma_m64n64k8_tf32_rs(d, op[set][k][0], q_desc + off, g > 0 || k > 0);
+          wgmma_m64n64k8_tf32_rs(d, op[set][k][1], q_lo_desc + off, true);
+          wgmma_m64n64k8_tf32_rs(d, op[set][k][2], q_desc + off, true);
         } else {
-          mma(op[set][k][0], q_desc + off, g > 0 || k > 0);
+          wgmma_m64n64k8_tf32_rs(d, op[set][k][0], q_desc + off, g > 0 || k > 0);
         }
       }
       wgmma_commit();

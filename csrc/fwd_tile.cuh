@@ -112,6 +112,10 @@ constexpr bool kInstanceOf =
     (kTile != Tile::kMmaCodeStream || kIsCodes<DT>) &&
     (kTile != Tile::kWgmmaBlock || !kIsCodes<DT>) &&
     !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
+// Which instances also exist with the argmax: all but fp32 rows on kWgmmaConverted, whose
+// registers spill with it (measured slower than kMmaBlock, where hopper_tile keeps those calls).
+template <Tile kTile, typename DT>
+constexpr bool kArgmaxInstanceOf = !(kIsTf32<DT> && kTile == Tile::kWgmmaConverted);
 
 // Where each part of a block's dynamic shared memory starts (bytes from the 1024-aligned base).
 struct SmemLayout {

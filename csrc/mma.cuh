@@ -112,13 +112,11 @@ __device__ __forceinline__ uint32_t tf32_of(uint32_t x) {
 struct SplitTf32x {
   uint32_t hi, cross, lo;
 };
-// Whether f is +-Inf or rounds to it as TF32 (false for NaN).
-__device__ __forceinline__ bool tf32_inf(float f) { return fabsf(f) >= __uint_as_float(0x7f7ff000u); }
 __device__ __forceinline__ SplitTf32x split_tf32(uint32_t x) {
   const float f = __uint_as_float(x);
   const uint32_t r = round_tf32(x);
   const float lo = f - __uint_as_float(r);
-  const bool inf = tf32_inf(f);
+  const bool inf = fabsf(f) >= __uint_as_float(0x7f7ff000u);  // false for NaN
   return {r, inf ? 0u : r, inf ? 0u : __float_as_uint(lo)};
 }
 // split_tf32 for products whose other operand may be +-Inf in the remainder's term (lo * q.hi):
@@ -179,13 +177,12 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define MAXSIM_WG_OUT(C)                                                                       \
   MAXSIM_WG_D8(C, 0), MAXSIM_WG_D8(C, 8), MAXSIM_WG_D8(C, 16), MAXSIM_WG_D8(C, 24),            \
   MAXSIM_WG_D8(C, 32), MAXSIM_WG_D8(C, 40), MAXSIM_WG_D8(C, 48), MAXSIM_WG_D8(C, 56)
-// One m64n128 wgmma of KIND (its k and types, e.g. "k16.f32.f16.f16") into d: OPERANDS names A
-// (a descriptor or four registers), B and the immediates after the accumulators, PRED the
-// operand of `accumulate`.
+// One m64n128k16 wgmma of element type TYPE into d: OPERANDS names A (a descriptor or four
+// registers), B and the immediates after the accumulators, PRED the operand of `accumulate`.
 #define MAXSIM_F(x) "+f"(x)
-#define MAXSIM_WG128(KIND, OPERANDS, PRED, ...)                                                   \
+#define MAXSIM_WG128(TYPE, OPERANDS, PRED, ...)                                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                \
-               "wgmma.mma_async.sync.aligned.m64n128" KIND " " MAXSIM_WG_REGS                      \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " MAXSIM_WG_REGS    \
                OPERANDS ";\n}\n"                                                                  \
                : MAXSIM_WG_OUT(MAXSIM_F)                                                           \
                : __VA_ARGS__)
@@ -196,8 +193,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kBf16) MAXSIM_WG128("k16.f32.bf16.bf16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
-  else MAXSIM_WG128("k16.f32.f16.f16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
+  if constexpr (kBf16) MAXSIM_WG128("bf16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
+  else MAXSIM_WG128("f16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
 #endif
 }
 // D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T: the same layout over 4 column blocks (d[4j + e]).
@@ -226,23 +223,16 @@ template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MAXSIM_A "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
-  if constexpr (kBf16) MAXSIM_WG128("k16.f32.bf16.bf16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
-  else MAXSIM_WG128("k16.f32.f16.f16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
+  if constexpr (kBf16) MAXSIM_WG128("bf16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
+  else MAXSIM_WG128("f16", "{%64, %65, %66, %67}, %68, p, 1, 1, 0", "%69", MAXSIM_A, "l"(b), "r"(int(accumulate)));
 #undef MAXSIM_A
 #endif
 }
-// The same on TF32 operands, D[64 x 128] (+)= A[64 x 8] * B[128 x 8]^T: a[4] is each warp's
-// m16n8k8 TF32 A fragment (rows lane / 4 and + 8; k = lane % 4 and + 4). A k8 step of fp32 B
-// spans the 32 bytes of a 16-bit k16 step (k_off). TF32 takes no transpose immediate.
-__device__ __forceinline__ void wgmma_m64n128k8_tf32_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  MAXSIM_WG128("k8.f32.tf32.tf32", "{%64, %65, %66, %67}, %68, p, 1, 1", "%69", "r"(a[0]), "r"(a[1]),
-               "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
-#endif
-}
 #undef MAXSIM_WG128
-// D[64 x 64] (+)= A[64 x 8] * B[64 x 8]^T on TF32 operands, A from registers: the same layout over
-// 8 column blocks (d[4j + e]).
+// D[64 x 64] (+)= A[64 x 8] * B[64 x 8]^T on TF32 operands, the m64n128 layout over 8 column
+// blocks (d[4j + e]): a[4] is each warp's m16n8k8 TF32 A fragment (rows lane / 4 and + 8; k =
+// lane % 4 and + 4), B from shared memory, where a k8 step of fp32 spans the 32 bytes of a
+// 16-bit k16 step (k_off). TF32 takes no transpose immediate.
 __device__ __forceinline__ void wgmma_m64n64k8_tf32_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(

@@ -133,6 +133,13 @@ int main() {
     expect(on_h100 == w.h100, "fp32: not the planned tile", h100, cases[w.at], on_h100);
     expect(on_sm86 == w.sm86, "fp32: not the planned tile", devices[1], cases[w.at], on_sm86);
   }
+  // fp32 all pairs with the argmax: kWgmmaConverted has no such instance (kArgmaxInstanceOf), so
+  // the planner must keep the mma.sync block tile (a plan without an instance launches nothing).
+  alignas(16) static int g_argmax[1];
+  FwdParams with_argmax = params(cases[14]);
+  with_argmax.argmax = g_argmax;
+  const Tile argmax_tile = plan_fwd(with_argmax, DType::kF32, h100).tile;
+  expect(argmax_tile == Tile::kMmaBlock, "fp32 with argmax: not the mma.sync block tile", h100, cases[14], argmax_tile);
   // Exact fp32 rows wider than the split products keep (dim256_short): the CUDA cores; single
   // TF32 takes the tensor cores there.
   FwdParams wide = params(cases[5]);
