@@ -130,11 +130,22 @@ auto with_storage(const FwdParams& p, DType dtype, F&& f) {
   }
 }
 
+// fp32 rows on the 16-bit wgmma tile run as their fp16 parts (fwd_split_fp16.cu): 16-bit rows of
+// twice the dim.
+bool takes_fp16_parts(Tile tile, DType dtype) { return dtype == DType::kF32 && tile == Tile::kWgmmaBlock; }
+FwdParams as_fp16_parts(const FwdParams& p) {
+  FwdParams h = p;
+  h.dim = 2 * p.dim;
+  return h;
+}
+
 int resident(Tile tile, const FwdParams& p, DType dtype) {
+  if (takes_fp16_parts(tile, dtype)) return storage_resident<SplitFp16>(tile, as_fp16_parts(p), DType::kF16);
   return with_storage(p, dtype, [&](auto s) { return storage_resident<decltype(s)>(tile, p, dtype); });
 }
 
 size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
+  if (takes_fp16_parts(tile, dtype)) return storage_smem<SplitFp16>(tile, as_fp16_parts(p), DType::kF16);
   return with_storage(p, dtype, [&](auto s) { return storage_smem<decltype(s)>(tile, p, dtype); });
 }
 
@@ -202,6 +213,10 @@ Tile row_tile(const FwdParams& p, int lq, int& qpb) {
   return Tile::kMmaStream;                              // one short query streaming documents
 }
 
+// Exact fp32 calls whose fp16 parts take at most this much scratch (a copy of the inputs' size)
+// run on the 16-bit wgmma tile; larger ones split their values in the tile (kWgmmaConverted).
+constexpr size_t kFp16PartsMaxBytes = size_t(2) << 30;
+
 // Hopper's form of an mma.sync tile, where its shared memory fits.
 Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype, const DeviceInfo& dev) {
   if (dev.sm != 90) return tile;
@@ -212,8 +227,10 @@ Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype
   if (tile == Tile::kMmaBlock) {
     // wgmma needs whole swizzle atoms (64 16-bit dims, 32 fp32; at most two and four) and a
     // query tile that stays (not explicit pairs), and enough document tiles (>= ~32 per SM) to
-    // keep the blocks streaming.
-    const Tile wg = bytes || fp32 ? Tile::kWgmmaConverted : Tile::kWgmmaBlock;
+    // keep the blocks streaming. Exact fp32 rows go as fp16 parts (three products at the fp16
+    // rate) where their scratch is small enough, else as split TF32 (opt-in TF32: rounded).
+    const bool fp16_parts = fp32 && !p.tf32 && split_fp16_floats(p) * sizeof(float) <= kFp16PartsMaxBytes;
+    const Tile wg = bytes || (fp32 && !fp16_parts) ? Tile::kWgmmaConverted : Tile::kWgmmaBlock;
     if ((p.dim != 64 && p.dim != 128) || p.pairs.layout == kPairs || !fits(wg, p, dtype, dev)) return tile;
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);
     return int64_t(grid.q_tiles) * (doc_rows / 128 + 1) >= int64_t(dev.num_sms) * 32 ? wg : tile;
@@ -343,6 +360,10 @@ FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     plan.extents_at = static_cast<int64_t>(plan.workspace_floats);
     plan.workspace_floats += size_t(p.d.count);
   }
+  if (takes_fp16_parts(plan.tile, dtype)) {
+    plan.parts_at = static_cast<int64_t>((plan.workspace_floats + 31) / 32 * 32);
+    plan.workspace_floats = size_t(plan.parts_at) + split_fp16_floats(p);
+  }
   return plan;
 }
 
@@ -366,8 +387,14 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       mask_extent_kernel<<<blocks, threads, 0, stream>>>(p.d.mask, p.d.count, p.d.pad_len, extent);
       tc.d.lengths = extent;
     }
-    if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype);
-    with_storage(p, dtype, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
+    if (takes_fp16_parts(plan.tile, dtype)) {
+      tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
+      tc.d_tma = encode_documents(tc, DType::kF16);
+      storage_launch<SplitFp16>(tc, plan, DType::kF16, stream);
+    } else {
+      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype);
+      with_storage(p, dtype, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
+    }
   }
   if (plan.grid.m_tiles > 1) {
     const int n = p.pairs.num_pairs;

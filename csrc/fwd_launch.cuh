@@ -17,9 +17,9 @@ constexpr int kWarpStreamWarps = 8, kWarpStreamStages = 2;
 using Plan = FwdPlan;
 
 // The embedding dim with a fully unrolled k loop: ColBERT / ColPali's 128, which int8 x int8 rows
-// see as 64 fp16 pairs of codes.
+// see as 64 fp16 pairs of codes and fp32 rows split into fp16 parts as 256 halves.
 template <typename DT>
-constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : 128;
+constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : std::is_same_v<DT, SplitFp16> ? 256 : 128;
 
 template <typename T, typename DT, Tile kTile>
 using TileCfg = TileConfig<T, DT, kTile>;
@@ -161,7 +161,7 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
 }
 
 // Instantiated in their own translation units (fwd_codes_int8.cu, fwd_codes_e4m3.cu, fwd_int8x8.cu,
-// fwd_tf32_split.cu, fwd_tf32_round.cu).
+// fwd_tf32_split.cu, fwd_tf32_round.cu, fwd_split_fp16.cu).
 #define MAXSIM_CODE_STORAGE(EXTERN, DT)                                                      \
   EXTERN template int storage_resident<DT>(Tile, const FwdParams&, DType);                  \
   EXTERN template size_t storage_smem<DT>(Tile, const FwdParams&, DType);                    \
@@ -171,6 +171,13 @@ MAXSIM_CODE_STORAGE(extern, E4m3Codes)
 MAXSIM_CODE_STORAGE(extern, Int8x8)
 MAXSIM_CODE_STORAGE(extern, SplitTf32)
 MAXSIM_CODE_STORAGE(extern, RoundTf32)
+MAXSIM_CODE_STORAGE(extern, SplitFp16)
+
+// fp32 rows as fp16 parts (split_fp16.cu): the scratch floats a call's split copies take, and
+// the kernels that fill them, returning the params that read them (16-bit rows of 2 * dim,
+// per-row scales in q_scale / d_scale).
+size_t split_fp16_floats(const FwdParams& p);
+FwdParams split_fp16_inputs(const FwdParams& p, float* scratch, cudaStream_t stream);
 
 }  // namespace fwd_detail
 }  // namespace maxsim

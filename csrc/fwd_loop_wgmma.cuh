@@ -42,12 +42,25 @@ struct WgmmaLoop {
       const uint64_t b_stage = b_desc + uint64_t(b.stage) * (BN * b.ldd() * sizeof(T) / 16);
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
+      if constexpr (B::kFp16Parts) {
+        // Rows [hi | lo] of kdim / 2 dims each: hi * lo and lo * hi first, then hi * hi.
+        const int parts = b.kdim() / 32;  // k steps per part
 #pragma unroll
-      for (int k = 0; k < b.kdim() / 16; ++k) {
-        if constexpr (B::kIntDot)
-          wgmma_m64n128k32_s8(reinterpret_cast<int(&)[MT * NT * 4]>(d), a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
-        else
-          wgmma_m64n128k16<B::kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+        for (int k = 0; k < parts; ++k) {
+          wgmma_m64n128k16<false>(d, a_desc + k_off(k, BM), b_stage + k_off(k + parts, BN), k > 0);
+          wgmma_m64n128k16<false>(d, a_desc + k_off(k + parts, BM), b_stage + k_off(k, BN), true);
+        }
+#pragma unroll
+        for (int k = 0; k < parts; ++k)
+          wgmma_m64n128k16<false>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), true);
+      } else {
+#pragma unroll
+        for (int k = 0; k < b.kdim() / 16; ++k) {
+          if constexpr (B::kIntDot)
+            wgmma_m64n128k32_s8(reinterpret_cast<int(&)[MT * NT * 4]>(d), a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+          else
+            wgmma_m64n128k16<B::kBf16>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), k > 0);
+        }
       }
       wgmma_commit();
       if (b.d_tma) {

@@ -99,8 +99,9 @@ struct TileShape<Tile::kMmaCodeStream, DT> : Shape<32, 128, 1, 4, 2, MainLoop::k
 
 // Which (tile, storage, query dtype) instances exist: the transposed 32-row tiles take 16-bit
 // documents only, kWgmmaConverted 8-bit codes and fp32 rows, kMmaCodeStream 8-bit codes only,
-// kWgmmaBlock 16-bit rows, and int8 x int8 rows are fp16 pairs of codes (no bf16 instance); fp32
-// rows (float queries, TF32 products) take the three mma.sync tiles and kWgmmaConverted.
+// kWgmmaBlock 16-bit rows (fp32 rows too, as their fp16 parts), and int8 x int8 rows are fp16
+// pairs of codes (no bf16 instance); fp32 rows (float queries, TF32 products) take the three
+// mma.sync tiles and kWgmmaConverted.
 template <Tile kTile, typename DT, typename T>
 constexpr bool kInstanceOf =
     kIsTf32<DT> == std::is_same_v<T, float> &&
@@ -111,11 +112,14 @@ constexpr bool kInstanceOf =
     (kTile != Tile::kWgmmaConverted || kIsCodes<DT> || kIsTf32<DT>) &&
     (kTile != Tile::kMmaCodeStream || kIsCodes<DT>) &&
     (kTile != Tile::kWgmmaBlock || !kIsCodes<DT>) &&
+    (!std::is_same_v<DT, SplitFp16> || (kTile == Tile::kWgmmaBlock && std::is_same_v<T, __half>)) &&
     !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
-// Which instances also exist with the argmax: all but fp32 rows on kWgmmaConverted, whose
-// registers spill with it (measured slower than kMmaBlock, where hopper_tile keeps those calls).
+// Which instances also exist with the argmax: all but fp32 rows on the wgmma tiles (split TF32
+// on kWgmmaConverted spills with it and measured slower than kMmaBlock; fp16 parts are scores
+// only), where hopper_tile keeps those calls on kMmaBlock.
 template <Tile kTile, typename DT>
-constexpr bool kArgmaxInstanceOf = !(kIsTf32<DT> && kTile == Tile::kWgmmaConverted);
+constexpr bool kArgmaxInstanceOf =
+    !(kIsTf32<DT> && kTile == Tile::kWgmmaConverted) && !std::is_same_v<DT, SplitFp16>;
 
 // Where each part of a block's dynamic shared memory starts (bytes from the 1024-aligned base).
 struct SmemLayout {
@@ -129,6 +133,7 @@ struct TileConfig : TileShape<kTile, DT> {
   using S::BM, S::BN, S::WM, S::WN, S::STAGES;
   static constexpr bool kCodes = kIsCodes<DT>;
   static constexpr bool kScaled = kIsScaled<DT>, kIntDot = std::is_same_v<DT, Int8x8>;
+  static constexpr bool kFp16Parts = std::is_same_v<DT, SplitFp16>;
   static constexpr bool kTf32 = kIsTf32<DT>;
   // TF32 products per operand pair: 3 for split operands, 1 for rounded ones, 0 without TF32.
   static constexpr int kTf32Products = std::is_same_v<DT, SplitTf32> ? 3 : kTf32 ? 1 : 0;

@@ -30,6 +30,7 @@ struct FwdPlan {
   size_t workspace_floats = 0;  // p.partial: long queries' partial scores per row tile, then
                                 // the documents' mask extents (int32) where extents_at >= 0
   int64_t extents_at = -1;      // offset (in floats) of the mask extents in p.partial
+  int64_t parts_at = -1;        // offset of fp32 rows' fp16 parts (kWgmmaBlock), 128-byte aligned
 };
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
 // Dynamic shared memory per block of a plan's tensor-core tile (0 for the CUDA-core kernel).

@@ -123,18 +123,29 @@ int main() {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);
   }
-  // fp32: the compute-bound and streaming TF32 tiles on every GPU where they fit (all pairs on
-  // Hopper: the transposed wgmma tile); tiny calls on the CUDA cores.
+  // fp32: the compute-bound and streaming TF32 tiles on every GPU where they fit (exact all pairs
+  // on Hopper: the 16-bit wgmma tile on the rows' fp16 parts); tiny calls on the CUDA cores.
   const struct { int at; Tile h100, sm86; } fp32[] = {
-      {14, Tile::kWgmmaConverted, Tile::kMmaStream}, {15, Tile::kMmaStream, Tile::kMmaStream}, {16, Tile::kSimt, Tile::kSimt}};
+      {14, Tile::kWgmmaBlock, Tile::kMmaStream}, {15, Tile::kMmaStream, Tile::kMmaStream}, {16, Tile::kSimt, Tile::kSimt}};
   for (const auto& w : fp32) {
     const Tile on_h100 = plan_fwd(params(cases[w.at]), DType::kF32, h100).tile;
     const Tile on_sm86 = plan_fwd(params(cases[w.at]), DType::kF32, devices[1]).tile;
     expect(on_h100 == w.h100, "fp32: not the planned tile", h100, cases[w.at], on_h100);
     expect(on_sm86 == w.sm86, "fp32: not the planned tile", devices[1], cases[w.at], on_sm86);
   }
-  // fp32 all pairs with the argmax: kWgmmaConverted has no such instance (kArgmaxInstanceOf), so
-  // the planner must keep the mma.sync block tile (a plan without an instance launches nothing).
+  // Opt-in TF32 all pairs on Hopper: one rounded product on the transposed wgmma tile, whose
+  // plan takes no scratch for fp16 parts.
+  FwdParams rounded = params(cases[14]);
+  rounded.tf32 = true;
+  const FwdPlan rounded_plan = plan_fwd(rounded, DType::kF32, h100);
+  expect(rounded_plan.tile == Tile::kWgmmaConverted && rounded_plan.parts_at < 0,
+         "fp32 TF32: not the transposed wgmma tile", h100, cases[14], rounded_plan.tile);
+  const FwdPlan exact_plan = plan_fwd(params(cases[14]), DType::kF32, h100);
+  expect(exact_plan.parts_at >= 0 && exact_plan.parts_at % 32 == 0, "fp32 parts: no aligned scratch", h100,
+         cases[14], exact_plan.tile);
+  // fp32 all pairs with the argmax: the wgmma tiles have no such fp32 instance
+  // (kArgmaxInstanceOf), so the planner must keep the mma.sync block tile (a plan without an
+  // instance launches nothing).
   alignas(16) static int g_argmax[1];
   FwdParams with_argmax = params(cases[14]);
   with_argmax.argmax = g_argmax;

@@ -169,6 +169,63 @@ def test_infinite_products_follow_fp32(size, tf32):
     assert (argmax[:, :, 0] == 1).all()
 
 
+# Exact all pairs of enough document tiles for Hopper's 16-bit wgmma tile, scores only: the
+# rows go as fp16 parts with a power-of-two scale per token.
+def parts_call(kinds, h, data="grid", junk="nan"):
+    q = token_set(kinds[0], 32, 32, h, torch.float32, DEVICE, data, junk=junk)
+    d = token_set(kinds[1], 640, 230, h, torch.float32, DEVICE, data, junk=junk)
+    return op_args(q, d, ALLPAIRS, with_argmax=False)
+
+
+@pytest.mark.parametrize("kinds", KINDS, ids="-".join)
+@pytest.mark.parametrize("h", [64, 128])
+def test_fp16_parts_grid_values_are_exact(h, kinds):
+    """Packed sets, prefix lengths, masks, ties and NaN junk: grid values split exactly."""
+    args = parts_call(kinds, h)
+    assert_exact(run(args, False)[0], None, reference_of(args)[0], None)
+
+
+@pytest.mark.parametrize("h", [64, 128])
+def test_fp16_parts_keep_fp32_accuracy_across_magnitudes(h):
+    """Queries scaled by 2^-60 .. 2^20, documents by 2^-30 .. 2^60, their tokens by 2^-8 .. 2^8
+    and values by 2^-12 .. 1 (each token takes its own scale): within 1e-6 of float64 norm-wise,
+    and every score within 2e-6 of the same scores on the values' magnitudes (the size of the
+    products it sums)."""
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+
+    def exp2(low, high, shape):
+        return torch.exp2(torch.randint(low, high, shape, device=DEVICE, generator=g).float())
+
+    args = parts_call(("padded", "padded"), h, data="normal")
+    Q, D = args[0], args[1]
+    Q.mul_(exp2(-60, 20, (Q.size(0), 1, 1)))
+    D.mul_(exp2(-30, 60, (D.size(0), 1, 1)) * exp2(-8, 8, (*D.shape[:2], 1)) * exp2(-12, 1, D.shape))
+    ref = reference_of(args)[0]
+    scores = run(args, False)[0]
+    assert_close_rel(scores, ref, 1e-6)
+    sizes = reference_of((Q.abs(), D.abs(), *args[2:]))[0]
+    assert ((scores.double() - ref).abs() <= 2e-6 * sizes).all()
+
+
+@pytest.mark.parametrize("side", ["queries", "documents"])
+def test_fp16_parts_infinite_products_follow_fp32(side):
+    """An Inf on either side times every part of the other side's values: +-Inf, never NaN (the
+    other side then takes the split whose parts carry the value's sign), and the scores of rows
+    without an Inf stay exact on grid values."""
+    args = parts_call(("padded", "padded"), 128, junk="large")
+    Q, D = args[0], args[1]
+    if side == "queries":
+        Q[3, 5, :] = 0.0
+        Q[3, 5, 7] = float("inf")
+        D[..., 7] = D[..., 7].abs() + 0.25
+    else:
+        D[11, :, 7] = float("-inf")
+        Q[..., 7] = Q[..., 7].abs() + 0.25
+    ref = reference_of(args)[0]
+    scores = run(args, False)[0]
+    assert_exact(scores, None, ref, None)
+
+
 @pytest.mark.parametrize("tf32", MODES)
 def test_index_values_out_of_range_are_nan(tf32):
     """Bad document lengths and pair ids on the fp32 tiles: NaN scores and -1 argmax there, the
