@@ -222,14 +222,15 @@ Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype
   if (dev.sm != 90) return tile;
   const bool bytes = byte_rows(p);
   const bool fp32 = dtype == DType::kF32;
-  // fp32 rows: only the block tile goes to wgmma, scores only (kArgmaxInstanceOf).
-  if (fp32 && (tile != Tile::kMmaBlock || p.argmax != nullptr)) return tile;
+  // Exact fp32 rows go as fp16 parts (three products at the fp16 rate) where their scratch is
+  // small enough, else as split TF32 (opt-in TF32: rounded) on the transposed tile.
+  const bool fp16_parts = fp32 && !p.tf32 && split_fp16_floats(p) * sizeof(float) <= kFp16PartsMaxBytes;
+  // fp32 rows: only the block tile goes to wgmma; TF32 scores only (kArgmaxInstanceOf).
+  if (fp32 && (tile != Tile::kMmaBlock || (p.argmax != nullptr && !fp16_parts))) return tile;
   if (tile == Tile::kMmaBlock) {
     // wgmma needs whole swizzle atoms (64 16-bit dims, 32 fp32; at most two and four) and a
     // query tile that stays (not explicit pairs), and enough document tiles (>= ~32 per SM) to
-    // keep the blocks streaming. Exact fp32 rows go as fp16 parts (three products at the fp16
-    // rate) where their scratch is small enough, else as split TF32 (opt-in TF32: rounded).
-    const bool fp16_parts = fp32 && !p.tf32 && split_fp16_floats(p) * sizeof(float) <= kFp16PartsMaxBytes;
+    // keep the blocks streaming.
     const Tile wg = bytes || (fp32 && !fp16_parts) ? Tile::kWgmmaConverted : Tile::kWgmmaBlock;
     if ((p.dim != 64 && p.dim != 128) || p.pairs.layout == kPairs || !fits(wg, p, dtype, dev)) return tile;
     const int64_t doc_rows = p.pairs.layout == kAllPairs ? p.d.rows : p.d.rows / std::max(1, p.q.count);

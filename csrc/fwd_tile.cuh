@@ -65,9 +65,11 @@ struct TileShape<Tile::kMmaBlock, DT>
 
 // kMmaBlock's work on wgmma, two warpgroups of 64 rows x 128 columns over 128-byte-swizzled tiles
 // (16-bit rows; int8 pairs on the integer wgmma): two blocks of two stages per SM, so that one
-// block's max overlaps the other's wgmma.
+// block's max overlaps the other's wgmma. fp32 rows' fp16 parts (twice the dim: 192 KB at
+// D = 128) leave room for one block, whose registers may then hold the argmax too.
 template <typename DT>
-struct TileShape<Tile::kWgmmaBlock, DT> : Shape<128, 128, 8, 1, 2, MainLoop::kWgmma, 2> {};
+struct TileShape<Tile::kWgmmaBlock, DT>
+    : Shape<128, 128, 8, 1, 2, MainLoop::kWgmma, std::is_same_v<DT, SplitFp16> ? 1 : 2> {};
 
 // kMmaBlock's work for 8-bit codes and fp32 rows: one warpgroup takes the product transposed (64
 // document rows x 128 query rows), each warp converting its 16 document rows straight into
@@ -114,12 +116,10 @@ constexpr bool kInstanceOf =
     (kTile != Tile::kWgmmaBlock || !kIsCodes<DT>) &&
     (!std::is_same_v<DT, SplitFp16> || (kTile == Tile::kWgmmaBlock && std::is_same_v<T, __half>)) &&
     !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
-// Which instances also exist with the argmax: all but fp32 rows on the wgmma tiles (split TF32
-// on kWgmmaConverted spills with it and measured slower than kMmaBlock; fp16 parts are scores
-// only), where hopper_tile keeps those calls on kMmaBlock.
+// Which instances also exist with the argmax: all but fp32 rows on kWgmmaConverted, whose
+// registers spill with it (measured slower than kMmaBlock, where hopper_tile keeps those calls).
 template <Tile kTile, typename DT>
-constexpr bool kArgmaxInstanceOf =
-    !(kIsTf32<DT> && kTile == Tile::kWgmmaConverted) && !std::is_same_v<DT, SplitFp16>;
+constexpr bool kArgmaxInstanceOf = !(kIsTf32<DT> && kTile == Tile::kWgmmaConverted);
 
 // Where each part of a block's dynamic shared memory starts (bytes from the 1024-aligned base).
 struct SmemLayout {

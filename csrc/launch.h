@@ -35,8 +35,9 @@ struct FwdPlan {
 FwdPlan plan_fwd(const FwdParams& p, DType dtype, const DeviceInfo& dev);
 // Dynamic shared memory per block of a plan's tensor-core tile (0 for the CUDA-core kernel).
 size_t plan_smem(const FwdParams& p, const FwdPlan& plan, DType dtype);
-// fp32 inputs take split-TF32 tiles (fp32 accuracy; p.tf32: one TF32 product) or, for tiny calls
-// and where no tile applies, the CUDA-core kernel. Documents stored as 8-bit codes (p.codes) need a
+// fp32 inputs take split-TF32 tiles (fp32 accuracy; p.tf32: one TF32 product), on Hopper's
+// all-pairs tile fp16 parts written into p.partial first (plan.parts_at), or, for tiny calls and
+// where no tile applies, the CUDA-core kernel. Documents stored as 8-bit codes (p.codes) need a
 // tensor-core plan (sm_80+, fp16 / bf16 queries, dim a multiple of 16 up to 256, 16-byte rows).
 void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const DeviceInfo& dev,
                 cudaStream_t stream);

@@ -143,14 +143,17 @@ int main() {
   const FwdPlan exact_plan = plan_fwd(params(cases[14]), DType::kF32, h100);
   expect(exact_plan.parts_at >= 0 && exact_plan.parts_at % 32 == 0, "fp32 parts: no aligned scratch", h100,
          cases[14], exact_plan.tile);
-  // fp32 all pairs with the argmax: the wgmma tiles have no such fp32 instance
-  // (kArgmaxInstanceOf), so the planner must keep the mma.sync block tile (a plan without an
-  // instance launches nothing).
+  // fp32 all pairs with the argmax: exact rows as fp16 parts on the 16-bit wgmma tile; TF32 ones
+  // keep the mma.sync block tile, since kWgmmaConverted has no fp32 argmax instance
+  // (kArgmaxInstanceOf; a plan without an instance launches nothing).
   alignas(16) static int g_argmax[1];
   FwdParams with_argmax = params(cases[14]);
   with_argmax.argmax = g_argmax;
   const Tile argmax_tile = plan_fwd(with_argmax, DType::kF32, h100).tile;
-  expect(argmax_tile == Tile::kMmaBlock, "fp32 with argmax: not the mma.sync block tile", h100, cases[14], argmax_tile);
+  expect(argmax_tile == Tile::kWgmmaBlock, "fp32 with argmax: not the 16-bit wgmma tile", h100, cases[14], argmax_tile);
+  with_argmax.tf32 = true;
+  const Tile argmax_tf32 = plan_fwd(with_argmax, DType::kF32, h100).tile;
+  expect(argmax_tf32 == Tile::kMmaBlock, "fp32 TF32 with argmax: not the mma.sync block tile", h100, cases[14], argmax_tf32);
   // Exact fp32 rows wider than the split products keep (dim256_short): the CUDA cores; single
   // TF32 takes the tensor cores there.
   FwdParams wide = params(cases[5]);
