@@ -51,13 +51,17 @@ def kernel_cases():
         os.environ["MAXSIM_FP32"] = mode
         for lq in (20, 50, 130):
             maxsim.maxsim_with_argmax(tokens(8, lq, 128, dtype=torch.float32), D32, d_lengths=lens32)
-        # all pairs with enough document tiles for the block tile, scores only (on Hopper the
-        # transposed wgmma tile), a query holding Inf (the signed split) and D 64
+        # all pairs with enough document tiles for the block tile (on Hopper: exact as fp16 parts
+        # on the 16-bit wgmma tile, with the argmax too; TF32 scores on the transposed tile), a
+        # query holding Inf (the signed split), then a document too, and D 64
         Qw = tokens(32, 32, 128, dtype=torch.float32)
         Dw, w_lens = tokens(70, 1000, 128, dtype=torch.float32), lens32.repeat(2)[:70] * 5
         maxsim.maxsim(Qw, Dw, d_lengths=w_lens)
+        maxsim.maxsim_with_argmax(Qw, Dw, d_lengths=w_lens)
         Qw[3, 7, 0] = float("inf")
         maxsim.maxsim(Qw, Dw, d_lengths=w_lens)
+        Dw[5, 3, 9] = float("-inf")
+        maxsim.maxsim_with_argmax(Qw, Dw, d_lengths=w_lens)
         maxsim.maxsim(Qw[..., :64].contiguous(), Dw[..., :64].contiguous(), d_lengths=w_lens)
     del os.environ["MAXSIM_FP32"]
     # the 32-row tile at D 128 (on Hopper its transposed wgmma form): masks, argmax, pairs
