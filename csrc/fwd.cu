@@ -31,11 +31,11 @@ EncodeTiled encoder() {
   return fn;
 }
 
-// The documents as one 2-D tensor [rows, dim] for the wgmma tile's TMA loads: 64 x 128 boxes
-// (64 dims = the 128-byte swizzle span) swizzled the way wgmma reads them. Needs segments that
+// The documents as one 2-D tensor [rows, dim] for the wgmma tile's TMA loads: boxes of 64 dims
+// (the 128-byte swizzle span) x the tile's `box_rows` tokens, swizzled the way wgmma reads them. Needs segments that
 // follow each other row after row (packed, or padded without gaps), 16-byte row pitch and base,
 // and row indices that fit an int; otherwise false, and the tile copies with cp.async.
-bool encode_documents(FwdParams& p, DType dtype) {
+bool encode_documents(FwdParams& p, DType dtype, int box_rows) {
   const TokenSet& d = p.d;
   const int64_t rows = d.offsets != nullptr ? d.rows : int64_t(d.count) * d.pad_len;
   if (d.offsets == nullptr && d.seg_stride != int64_t(d.pad_len) * d.row_stride) return false;
@@ -46,7 +46,7 @@ bool encode_documents(FwdParams& p, DType dtype) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(p.dim), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {pitch};
-  const cuuint32_t box[2] = {64, 128}, element_strides[2] = {1, 1};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
   const CUresult r = encode(&map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                             2, const_cast<void*>(d.data), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -390,10 +390,10 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     }
     if (takes_fp16_parts(plan.tile, dtype)) {
       tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
-      tc.d_tma = encode_documents(tc, DType::kF16);
+      tc.d_tma = encode_documents(tc, DType::kF16, TileShape<Tile::kWgmmaBlock, SplitFp16>::BN);
       storage_launch<SplitFp16>(tc, plan, DType::kF16, stream);
     } else {
-      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype);
+      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype, TileShape<Tile::kWgmmaBlock, Plain>::BN);
       with_storage(p, dtype, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
     }
   }

@@ -1,6 +1,7 @@
 // The wgmma main loop of the tensor-core forward (sm_90a): two warpgroups of 64 query rows x 128
-// document tokens read both tiles through shared-memory descriptors (128-byte swizzle); document
-// tiles arrive by TMA where the host built a tensor map, else by cp.async.
+// document tokens (96 for fp32 rows' fp16 parts) read both tiles through shared-memory
+// descriptors (128-byte swizzle); document tiles arrive by TMA where the host built a tensor map,
+// else by cp.async.
 #pragma once
 #include "fwd_epilogue.cuh"
 #include "fwd_loader.cuh"
@@ -44,15 +45,16 @@ struct WgmmaLoop {
       wgmma_fence();
       if constexpr (B::kFp16Parts) {
         // Rows [hi | lo] of kdim / 2 dims each: hi * lo and lo * hi first, then hi * hi.
+        static_assert(BN == 96, "fp16 parts: m64n96 tiles");
         const int parts = b.kdim() / 32;  // k steps per part
 #pragma unroll
         for (int k = 0; k < parts; ++k) {
-          wgmma_m64n128k16<false>(d, a_desc + k_off(k, BM), b_stage + k_off(k + parts, BN), k > 0);
-          wgmma_m64n128k16<false>(d, a_desc + k_off(k + parts, BM), b_stage + k_off(k, BN), true);
+          wgmma_m64n96k16_f16(d, a_desc + k_off(k, BM), b_stage + k_off(k + parts, BN), k > 0);
+          wgmma_m64n96k16_f16(d, a_desc + k_off(k + parts, BM), b_stage + k_off(k, BN), true);
         }
 #pragma unroll
         for (int k = 0; k < parts; ++k)
-          wgmma_m64n128k16<false>(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), true);
+          wgmma_m64n96k16_f16(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), true);
       } else {
 #pragma unroll
         for (int k = 0; k < b.kdim() / 16; ++k) {

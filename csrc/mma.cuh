@@ -197,6 +197,21 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
   else MAXSIM_WG128("f16", "%64, %65, p, 1, 1, 0, 0", "%66", "l"(a), "l"(b), "r"(int(accumulate)));
 #endif
 }
+// D[64 x 96] (+)= A[64 x 16] * B[96 x 16]^T, fp16: the same layout over 12 column blocks.
+__device__ __forceinline__ void wgmma_m64n96k16_f16(float (&d)[48], uint64_t a, uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+      "%48, %49, p, 1, 1, 0, 0;\n}\n"
+      : MAXSIM_WG_D8(MAXSIM_F, 0), MAXSIM_WG_D8(MAXSIM_F, 8), MAXSIM_WG_D8(MAXSIM_F, 16),
+        MAXSIM_WG_D8(MAXSIM_F, 24), MAXSIM_WG_D8(MAXSIM_F, 32), MAXSIM_WG_D8(MAXSIM_F, 40)
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+#endif
+}
 // D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T: the same layout over 4 column blocks (d[4j + e]).
 template <bool kBf16>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
