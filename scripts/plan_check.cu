@@ -143,6 +143,11 @@ int main() {
   const FwdPlan exact_plan = plan_fwd(params(cases[14]), DType::kF32, h100);
   expect(exact_plan.parts_at >= 0 && exact_plan.parts_at % 32 == 0, "fp32 parts: no aligned scratch", h100,
          cases[14], exact_plan.tile);
+  // A corpus whose fp16 parts would take more than 2 GiB of scratch keeps split TF32.
+  const Case big = {"fp32_big_corpus", kAllPairs, 4, 32, 40000, 180, 128, Codes::kNone};
+  const FwdPlan big_plan = plan_fwd(params(big), DType::kF32, h100);
+  expect(big_plan.tile == Tile::kWgmmaConverted && big_plan.parts_at < 0,
+         "fp32 past the parts' scratch: not split TF32 on the transposed tile", h100, big, big_plan.tile);
   // fp32 all pairs with the argmax: exact rows as fp16 parts on the 16-bit wgmma tile; TF32 ones
   // keep the mma.sync block tile, since kWgmmaConverted has no fp32 argmax instance
   // (kArgmaxInstanceOf; a plan without an instance launches nothing).
