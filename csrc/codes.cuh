@@ -18,7 +18,7 @@ namespace maxsim {
 // kernels see such rows as fp16 pairs of codes (two codes per 16-bit element, dims halved), so
 // they copy, stage and address them exactly as 16-bit rows; only the mma differs.
 // SplitFp16: fp32 rows passed as fp16 parts [hi | lo] of each value times a power-of-two scale
-// per token (split_fp16.cu), the kernels seeing 16-bit rows of twice the dim; three products per
+// per token (fwd_split_fp16.cu), the kernels seeing 16-bit rows of twice the dim; three products per
 // pair of parts keep fp32 accuracy, and the token's scale undoes its own.
 struct Plain {};
 struct Int8Codes {};

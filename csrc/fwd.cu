@@ -32,9 +32,10 @@ EncodeTiled encoder() {
 }
 
 // The documents as one 2-D tensor [rows, dim] for the wgmma tile's TMA loads: boxes of 64 dims
-// (the 128-byte swizzle span) x the tile's `box_rows` tokens, swizzled the way wgmma reads them. Needs segments that
-// follow each other row after row (packed, or padded without gaps), 16-byte row pitch and base,
-// and row indices that fit an int; otherwise false, and the tile copies with cp.async.
+// (the 128-byte swizzle span) x the tile's `box_rows` tokens, swizzled the way wgmma reads them.
+// Needs segments that follow each other row after row (packed, or padded without gaps), 16-byte
+// row pitch and base, and row indices that fit an int; otherwise false, and the tile copies with
+// cp.async.
 bool encode_documents(FwdParams& p, DType dtype, int box_rows) {
   const TokenSet& d = p.d;
   const int64_t rows = d.offsets != nullptr ? d.rows : int64_t(d.count) * d.pad_len;

@@ -207,6 +207,15 @@ def test_fp16_parts_keep_fp32_accuracy_across_magnitudes(h):
     assert ((scores.double() - ref).abs() <= 2e-6 * sizes).all()
 
 
+def test_fp16_parts_grouped_long_queries_are_exact():
+    """Grouped documents against queries of two row tiles (partial sums), with the argmax and
+    lengths on both sides, grid values: bit for bit."""
+    q = token_set("padded", 4, 200, 128, torch.float32, DEVICE, "grid", mask=False, junk="nan")
+    d = token_set("padded", 280, 1024, 128, torch.float32, DEVICE, "grid", mask=False, junk="nan")
+    args = op_args(q, d, GROUPED, group=70)
+    assert_exact(*run(args, False), *reference_of(args))
+
+
 @pytest.mark.parametrize("side", ["queries", "documents"])
 def test_fp16_parts_infinite_products_follow_fp32(side):
     """An Inf on either side times every part of the other side's values: +-Inf, never NaN (the
