@@ -19,19 +19,24 @@ namespace maxsim {
 // they copy, stage and address them exactly as 16-bit rows; only the mma differs.
 // SplitFp16: fp32 rows passed as fp16 parts [hi | lo] of each value times a power-of-two scale
 // per token (fwd_split_fp16.cu), the kernels seeing 16-bit rows of twice the dim; three products per
-// pair of parts keep fp32 accuracy, and the token's scale undoes its own.
+// pair of parts keep fp32 accuracy, and the token's scale undoes its own. RoundFp16: the same rows,
+// one product of the hi parts (opt-in TF32 mode: 11 bits per value, as TF32 keeps).
 struct Plain {};
 struct Int8Codes {};
 struct E4m3Codes {};
 struct Int8x8 {};
 struct SplitFp16 {};
+struct RoundFp16 {};
 
 // 8-bit documents turned into 16-bit operands in registers (codes_to_pairs).
 template <typename DT>
 constexpr bool kIsCodes = std::is_same_v<DT, Int8Codes> || std::is_same_v<DT, E4m3Codes>;
+// fp32 rows as fp16 parts, three products or one.
+template <typename DT>
+constexpr bool kIsFp16Parts = std::is_same_v<DT, SplitFp16> || std::is_same_v<DT, RoundFp16>;
 // Documents with one scale per token, applied to each dot product before the max.
 template <typename DT>
-constexpr bool kIsScaled = kIsCodes<DT> || std::is_same_v<DT, Int8x8> || std::is_same_v<DT, SplitFp16>;
+constexpr bool kIsScaled = kIsCodes<DT> || std::is_same_v<DT, Int8x8> || kIsFp16Parts<DT>;
 
 // sm_89+ converts e4m3 pairs to fp16 pairs in hardware (cvt.rn.f16x2.e4m3x2, exact).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

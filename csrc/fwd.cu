@@ -132,21 +132,27 @@ auto with_storage(const FwdParams& p, DType dtype, F&& f) {
 }
 
 // fp32 rows on the 16-bit wgmma tile run as their fp16 parts (fwd_split_fp16.cu): 16-bit rows of
-// twice the dim.
+// twice the dim, three products per pair (one with p.tf32).
 bool takes_fp16_parts(Tile tile, DType dtype) { return dtype == DType::kF32 && tile == Tile::kWgmmaBlock; }
 FwdParams as_fp16_parts(const FwdParams& p) {
   FwdParams h = p;
   h.dim = 2 * p.dim;
   return h;
 }
+template <typename F>
+auto with_parts(const FwdParams& p, F&& f) {
+  return p.tf32 ? f(RoundFp16{}) : f(SplitFp16{});
+}
 
 int resident(Tile tile, const FwdParams& p, DType dtype) {
-  if (takes_fp16_parts(tile, dtype)) return storage_resident<SplitFp16>(tile, as_fp16_parts(p), DType::kF16);
+  if (takes_fp16_parts(tile, dtype))
+    return with_parts(p, [&](auto s) { return storage_resident<decltype(s)>(tile, as_fp16_parts(p), DType::kF16); });
   return with_storage(p, dtype, [&](auto s) { return storage_resident<decltype(s)>(tile, p, dtype); });
 }
 
 size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
-  if (takes_fp16_parts(tile, dtype)) return storage_smem<SplitFp16>(tile, as_fp16_parts(p), DType::kF16);
+  if (takes_fp16_parts(tile, dtype))
+    return with_parts(p, [&](auto s) { return storage_smem<decltype(s)>(tile, as_fp16_parts(p), DType::kF16); });
   return with_storage(p, dtype, [&](auto s) { return storage_smem<decltype(s)>(tile, p, dtype); });
 }
 
@@ -214,8 +220,8 @@ Tile row_tile(const FwdParams& p, int lq, int& qpb) {
   return Tile::kMmaStream;                              // one short query streaming documents
 }
 
-// Exact fp32 calls whose fp16 parts take at most this much scratch (a copy of the inputs' size)
-// run on the 16-bit wgmma tile; larger ones split their values in the tile (kWgmmaConverted).
+// fp32 calls whose fp16 parts take at most this much scratch (a copy of the inputs' size) run on
+// the 16-bit wgmma tile; larger ones split their values in the tile (kWgmmaConverted).
 constexpr size_t kFp16PartsMaxBytes = size_t(2) << 30;
 
 // Hopper's form of an mma.sync tile, where its shared memory fits.
@@ -223,10 +229,10 @@ Tile hopper_tile(Tile tile, const FwdParams& p, const FwdGrid& grid, DType dtype
   if (dev.sm != 90) return tile;
   const bool bytes = byte_rows(p);
   const bool fp32 = dtype == DType::kF32;
-  // Exact fp32 rows go as fp16 parts (three products at the fp16 rate) where their scratch is
-  // small enough, else as split TF32 (opt-in TF32: rounded) on the transposed tile.
-  const bool fp16_parts = fp32 && !p.tf32 && split_fp16_floats(p) * sizeof(float) <= kFp16PartsMaxBytes;
-  // fp32 rows: only the block tile goes to wgmma; TF32 scores only (kArgmaxInstanceOf).
+  // fp32 rows go as fp16 parts (three products at the fp16 rate, one for opt-in TF32) where
+  // their scratch is small enough, else as split (or rounded) TF32 on the transposed tile.
+  const bool fp16_parts = fp32 && split_fp16_floats(p) * sizeof(float) <= kFp16PartsMaxBytes;
+  // fp32 rows: only the block tile goes to wgmma; TF32 operands scores only (kArgmaxInstanceOf).
   if (fp32 && (tile != Tile::kMmaBlock || (p.argmax != nullptr && !fp16_parts))) return tile;
   if (tile == Tile::kMmaBlock) {
     // wgmma needs whole swizzle atoms (64 16-bit dims, 32 fp32; at most two and four) and a
@@ -392,7 +398,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     if (takes_fp16_parts(plan.tile, dtype)) {
       tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
       tc.d_tma = encode_documents(tc, DType::kF16, TileShape<Tile::kWgmmaBlock, SplitFp16>::BN);
-      storage_launch<SplitFp16>(tc, plan, DType::kF16, stream);
+      with_parts(p, [&](auto s) { storage_launch<decltype(s)>(tc, plan, DType::kF16, stream); });
     } else {
       if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype, TileShape<Tile::kWgmmaBlock, Plain>::BN);
       with_storage(p, dtype, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });

@@ -19,7 +19,7 @@ using Plan = FwdPlan;
 // The embedding dim with a fully unrolled k loop: ColBERT / ColPali's 128, which int8 x int8 rows
 // see as 64 fp16 pairs of codes and fp32 rows split into fp16 parts as 256 halves.
 template <typename DT>
-constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : std::is_same_v<DT, SplitFp16> ? 256 : 128;
+constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : kIsFp16Parts<DT> ? 256 : 128;
 
 template <typename T, typename DT, Tile kTile>
 using TileCfg = TileConfig<T, DT, kTile>;
@@ -172,6 +172,7 @@ MAXSIM_CODE_STORAGE(extern, Int8x8)
 MAXSIM_CODE_STORAGE(extern, SplitTf32)
 MAXSIM_CODE_STORAGE(extern, RoundTf32)
 MAXSIM_CODE_STORAGE(extern, SplitFp16)
+MAXSIM_CODE_STORAGE(extern, RoundFp16)
 
 // fp32 rows as fp16 parts (split_fp16.cu): the scratch floats a call's split copies take, and
 // the kernels that fill them, returning the params that read them (16-bit rows of 2 * dim,

@@ -44,17 +44,21 @@ struct WgmmaLoop {
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
       if constexpr (B::kFp16Parts) {
-        // Rows [hi | lo] of kdim / 2 dims each: hi * lo and lo * hi first, then hi * hi.
+        // Rows [hi | lo] of kdim / 2 dims each: hi * lo and lo * hi first (three products), then
+        // hi * hi.
         static_assert(BN == 96, "fp16 parts: m64n96 tiles");
+        constexpr bool kCross = B::kFp16Products == 3;
         const int parts = b.kdim() / 32;  // k steps per part
+        if constexpr (kCross) {
 #pragma unroll
-        for (int k = 0; k < parts; ++k) {
-          wgmma_m64n96k16_f16(d, a_desc + k_off(k, BM), b_stage + k_off(k + parts, BN), k > 0);
-          wgmma_m64n96k16_f16(d, a_desc + k_off(k + parts, BM), b_stage + k_off(k, BN), true);
+          for (int k = 0; k < parts; ++k) {
+            wgmma_m64n96k16_f16(d, a_desc + k_off(k, BM), b_stage + k_off(k + parts, BN), k > 0);
+            wgmma_m64n96k16_f16(d, a_desc + k_off(k + parts, BM), b_stage + k_off(k, BN), true);
+          }
         }
 #pragma unroll
         for (int k = 0; k < parts; ++k)
-          wgmma_m64n96k16_f16(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), true);
+          wgmma_m64n96k16_f16(d, a_desc + k_off(k, BM), b_stage + k_off(k, BN), kCross || k > 0);
       } else {
 #pragma unroll
         for (int k = 0; k < b.kdim() / 16; ++k) {

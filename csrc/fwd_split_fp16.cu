@@ -7,7 +7,8 @@
 // product exact in the fp32 accumulator) at the fp16 rate, twice TF32's, and multiplies each dot
 // product by the document token's 1 / scale before the max and each row's max by the query
 // row's. Values below about 2^-39 of their row's largest count with an absolute error of that
-// size (fp16 subnormals), where TF32 keeps each value's own exponent.
+// size (fp16 subnormals), where TF32 keeps each value's own exponent. The opt-in TF32 mode
+// (RoundFp16) takes hi * hi alone: 11 bits per value, as TF32 keeps.
 //
 // Inf: stored as +-Inf in both parts. Where the other side holds an Inf, a side takes the split
 // whose parts both carry the value's sign and are nonzero for a nonzero value (hi cut toward
@@ -22,6 +23,7 @@
 namespace maxsim {
 namespace fwd_detail {
 MAXSIM_CODE_STORAGE(, SplitFp16)
+MAXSIM_CODE_STORAGE(, RoundFp16)
 
 namespace {
 

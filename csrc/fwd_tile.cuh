@@ -70,8 +70,7 @@ struct TileShape<Tile::kMmaBlock, DT>
 // at D = 128), which ColBERT's 180-token documents fill to 94% (128-token tiles: 70%).
 template <typename DT>
 struct TileShape<Tile::kWgmmaBlock, DT>
-    : Shape<128, std::is_same_v<DT, SplitFp16> ? 96 : 128, 8, 1, 2, MainLoop::kWgmma,
-            std::is_same_v<DT, SplitFp16> ? 1 : 2> {};
+    : Shape<128, kIsFp16Parts<DT> ? 96 : 128, 8, 1, 2, MainLoop::kWgmma, kIsFp16Parts<DT> ? 1 : 2> {};
 
 // kMmaBlock's work for 8-bit codes and fp32 rows: one warpgroup takes the product transposed (64
 // document rows x 128 query rows), each warp converting its 16 document rows straight into
@@ -116,7 +115,7 @@ constexpr bool kInstanceOf =
     (kTile != Tile::kWgmmaConverted || kIsCodes<DT> || kIsTf32<DT>) &&
     (kTile != Tile::kMmaCodeStream || kIsCodes<DT>) &&
     (kTile != Tile::kWgmmaBlock || !kIsCodes<DT>) &&
-    (!std::is_same_v<DT, SplitFp16> || (kTile == Tile::kWgmmaBlock && std::is_same_v<T, __half>)) &&
+    (!kIsFp16Parts<DT> || (kTile == Tile::kWgmmaBlock && std::is_same_v<T, __half>)) &&
     !(std::is_same_v<DT, Int8x8> && std::is_same_v<T, __nv_bfloat16>);
 // Which instances also exist with the argmax: all but fp32 rows on kWgmmaConverted, whose
 // registers spill with it (measured slower than kMmaBlock, where hopper_tile keeps those calls).
@@ -135,7 +134,9 @@ struct TileConfig : TileShape<kTile, DT> {
   using S::BM, S::BN, S::WM, S::WN, S::STAGES;
   static constexpr bool kCodes = kIsCodes<DT>;
   static constexpr bool kScaled = kIsScaled<DT>, kIntDot = std::is_same_v<DT, Int8x8>;
-  static constexpr bool kFp16Parts = std::is_same_v<DT, SplitFp16>;
+  static constexpr bool kFp16Parts = kIsFp16Parts<DT>;
+  // fp16 parts' products per pair of values: hi * lo, lo * hi, hi * hi (3) or hi * hi (1).
+  static constexpr int kFp16Products = std::is_same_v<DT, SplitFp16> ? 3 : 1;
   static constexpr bool kTf32 = kIsTf32<DT>;
   // TF32 products per operand pair: 3 for split operands, 1 for rounded ones, 0 without TF32.
   static constexpr int kTf32Products = std::is_same_v<DT, SplitTf32> ? 3 : kTf32 ? 1 : 0;

@@ -133,32 +133,39 @@ int main() {
     expect(on_h100 == w.h100, "fp32: not the planned tile", h100, cases[w.at], on_h100);
     expect(on_sm86 == w.sm86, "fp32: not the planned tile", devices[1], cases[w.at], on_sm86);
   }
-  // Opt-in TF32 all pairs on Hopper: one rounded product on the transposed wgmma tile, whose
-  // plan takes no scratch for fp16 parts.
+  // Opt-in TF32 all pairs on Hopper: one product of the fp16 parts on the same tile.
   FwdParams rounded = params(cases[14]);
   rounded.tf32 = true;
   const FwdPlan rounded_plan = plan_fwd(rounded, DType::kF32, h100);
-  expect(rounded_plan.tile == Tile::kWgmmaConverted && rounded_plan.parts_at < 0,
-         "fp32 TF32: not the transposed wgmma tile", h100, cases[14], rounded_plan.tile);
+  expect(rounded_plan.tile == Tile::kWgmmaBlock && rounded_plan.parts_at >= 0,
+         "fp32 TF32: not the fp16 parts' tile", h100, cases[14], rounded_plan.tile);
   const FwdPlan exact_plan = plan_fwd(params(cases[14]), DType::kF32, h100);
   expect(exact_plan.parts_at >= 0 && exact_plan.parts_at % 32 == 0, "fp32 parts: no aligned scratch", h100,
          cases[14], exact_plan.tile);
-  // A corpus whose fp16 parts would take more than 2 GiB of scratch keeps split TF32.
+  // A corpus whose fp16 parts would take more than 2 GiB of scratch keeps split (or rounded)
+  // TF32 on the transposed tile.
   const Case big = {"fp32_big_corpus", kAllPairs, 4, 32, 40000, 180, 128, Codes::kNone};
-  const FwdPlan big_plan = plan_fwd(params(big), DType::kF32, h100);
-  expect(big_plan.tile == Tile::kWgmmaConverted && big_plan.parts_at < 0,
-         "fp32 past the parts' scratch: not split TF32 on the transposed tile", h100, big, big_plan.tile);
-  // fp32 all pairs with the argmax: exact rows as fp16 parts on the 16-bit wgmma tile; TF32 ones
-  // keep the mma.sync block tile, since kWgmmaConverted has no fp32 argmax instance
+  FwdParams big_params = params(big);
+  for (const bool tf32 : {false, true}) {
+    big_params.tf32 = tf32;
+    const FwdPlan big_plan = plan_fwd(big_params, DType::kF32, h100);
+    expect(big_plan.tile == Tile::kWgmmaConverted && big_plan.parts_at < 0,
+           "fp32 past the parts' scratch: not TF32 on the transposed tile", h100, big, big_plan.tile);
+  }
+  // fp32 all pairs with the argmax: fp16 parts on the 16-bit wgmma tile (both modes); past the
+  // parts' scratch the mma.sync block tile, since kWgmmaConverted has no fp32 argmax instance
   // (kArgmaxInstanceOf; a plan without an instance launches nothing).
   alignas(16) static int g_argmax[1];
   FwdParams with_argmax = params(cases[14]);
   with_argmax.argmax = g_argmax;
-  const Tile argmax_tile = plan_fwd(with_argmax, DType::kF32, h100).tile;
-  expect(argmax_tile == Tile::kWgmmaBlock, "fp32 with argmax: not the 16-bit wgmma tile", h100, cases[14], argmax_tile);
-  with_argmax.tf32 = true;
-  const Tile argmax_tf32 = plan_fwd(with_argmax, DType::kF32, h100).tile;
-  expect(argmax_tf32 == Tile::kMmaBlock, "fp32 TF32 with argmax: not the mma.sync block tile", h100, cases[14], argmax_tf32);
+  big_params.argmax = g_argmax;
+  for (const bool tf32 : {false, true}) {
+    with_argmax.tf32 = big_params.tf32 = tf32;
+    const Tile argmax_tile = plan_fwd(with_argmax, DType::kF32, h100).tile;
+    expect(argmax_tile == Tile::kWgmmaBlock, "fp32 with argmax: not the 16-bit wgmma tile", h100, cases[14], argmax_tile);
+    const Tile big_argmax = plan_fwd(big_params, DType::kF32, h100).tile;
+    expect(big_argmax == Tile::kMmaBlock, "fp32 with argmax past the parts' scratch: not mma.sync", h100, big, big_argmax);
+  }
   // Exact fp32 rows wider than the split products keep (dim256_short): the CUDA cores; single
   // TF32 takes the tensor cores there.
   FwdParams wide = params(cases[5]);

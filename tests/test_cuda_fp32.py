@@ -1,5 +1,6 @@
-"""GPU-only checks of fp32 inputs on the TF32 tensor-core tiles: split-TF32 products (the default,
-fp32 accuracy: within 1e-6 of float64) and single TF32 (opt-in, within 3e-3). Calls of 2^24 or
+"""GPU-only checks of fp32 inputs on the TF32 tensor-core tiles (on Hopper's all-pairs tile, their
+fp16 parts): split products (the default, fp32 accuracy: within 1e-6 of float64) and single
+TF32 (opt-in, within 3e-3). Calls of 2^24 or
 more multiply-adds take these tiles, smaller ones the CUDA-core kernels (test_cuda.py); the shapes
 here are sized above that. Grid values are exact in TF32, so on them both modes must match
 float64 bit for bit, ties and masks included, whatever layout, packing or row tiling."""
@@ -169,20 +170,22 @@ def test_infinite_products_follow_fp32(size, tf32):
     assert (argmax[:, :, 0] == 1).all()
 
 
-# Exact all pairs of enough document tiles for Hopper's 16-bit wgmma tile, scores only: the
-# rows go as fp16 parts with a power-of-two scale per token.
+# All pairs of enough document tiles for Hopper's 16-bit wgmma tile, scores only: the rows go as
+# fp16 parts with a power-of-two scale per token.
 def parts_call(kinds, h, data="grid", junk="nan"):
     q = token_set(kinds[0], 32, 32, h, torch.float32, DEVICE, data, junk=junk)
     d = token_set(kinds[1], 640, 230, h, torch.float32, DEVICE, data, junk=junk)
     return op_args(q, d, ALLPAIRS, with_argmax=False)
 
 
+@pytest.mark.parametrize("tf32", MODES)
 @pytest.mark.parametrize("kinds", KINDS, ids="-".join)
 @pytest.mark.parametrize("h", [64, 128])
-def test_fp16_parts_grid_values_are_exact(h, kinds):
-    """Packed sets, prefix lengths, masks, ties and NaN junk: grid values split exactly."""
+def test_fp16_parts_grid_values_are_exact(h, kinds, tf32):
+    """Packed sets, prefix lengths, masks, ties and NaN junk: grid values split exactly (the TF32
+    mode's one product of the hi parts too)."""
     args = parts_call(kinds, h)
-    assert_exact(run(args, False)[0], None, reference_of(args)[0], None)
+    assert_exact(run(args, tf32)[0], None, reference_of(args)[0], None)
 
 
 @pytest.mark.parametrize("h", [64, 128])
