@@ -6,8 +6,8 @@
 // 22 bits of each value, as split TF32 keeps. The tile takes hi * hi + hi * lo + lo * hi (each
 // product exact in the fp32 accumulator) at the fp16 rate, twice TF32's, and multiplies each dot
 // product by the document token's 1 / scale before the max and each row's max by the query
-// row's. Values below about 2^-39 of their row's largest count with an absolute error of that
-// size (fp16 subnormals), where TF32 keeps each value's own exponent. The opt-in TF32 mode
+// row's. Values more than about 2^17 below their row's largest count with an absolute error of
+// up to about 2^-39 of it (their lo an fp16 subnormal), where TF32 keeps each value's exponent. The opt-in TF32 mode
 // (RoundFp16) takes hi * hi alone: 11 bits per value, as TF32 keeps.
 //
 // Inf: stored as +-Inf in both parts. Where the other side holds an Inf, a side takes the split

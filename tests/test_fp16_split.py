@@ -53,8 +53,9 @@ def random_rows(rng, n, h=128):
 
 @pytest.mark.parametrize("kept_sign, rel, ulps", [(False, 2.0**-21, 2.0**-24), (True, 1.5 * 2.0**-20, 2.0**-22)])
 def test_products_stay_within_their_bound(kept_sign, rel, ulps):
-    """Scaled products within rel |x y| plus, for values in fp16's subnormal range (below 2^-28
-    of their row's largest), an absolute error of a few subnormal steps times the other value."""
+    """Scaled products within rel |x y| plus, for values whose parts reach fp16's subnormals (lo
+    below about 2^-17 of the row's largest, hi below 2^-28), an absolute error of a few subnormal
+    steps times the other value."""
     rng = np.random.default_rng(0)
     q, d = random_rows(rng, 2000), random_rows(rng, 2000)
     sq = np.array([row_scale(r) for r in q])[:, None]
