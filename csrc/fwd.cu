@@ -132,11 +132,11 @@ auto with_storage(const FwdParams& p, DType dtype, F&& f) {
 }
 
 // fp32 rows on the 16-bit wgmma tile run as their fp16 parts (fwd_split_fp16.cu): 16-bit rows of
-// twice the dim, three products per pair (one with p.tf32).
+// twice the dim, three products per pair (p.tf32: one, of the dim hi halves).
 bool takes_fp16_parts(Tile tile, DType dtype) { return dtype == DType::kF32 && tile == Tile::kWgmmaBlock; }
 FwdParams as_fp16_parts(const FwdParams& p) {
   FwdParams h = p;
-  h.dim = 2 * p.dim;
+  h.dim = p.tf32 ? p.dim : 2 * p.dim;
   return h;
 }
 template <typename F>

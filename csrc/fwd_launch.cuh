@@ -17,9 +17,9 @@ constexpr int kWarpStreamWarps = 8, kWarpStreamStages = 2;
 using Plan = FwdPlan;
 
 // The embedding dim with a fully unrolled k loop: ColBERT / ColPali's 128, which int8 x int8 rows
-// see as 64 fp16 pairs of codes and fp32 rows split into fp16 parts as 256 halves.
+// see as 64 fp16 pairs of codes and fp32 rows split into both fp16 parts as 256 halves.
 template <typename DT>
-constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : kIsFp16Parts<DT> ? 256 : 128;
+constexpr int kUnrolledDim = std::is_same_v<DT, Int8x8> ? 64 : std::is_same_v<DT, SplitFp16> ? 256 : 128;
 
 template <typename T, typename DT, Tile kTile>
 using TileCfg = TileConfig<T, DT, kTile>;
@@ -174,9 +174,9 @@ MAXSIM_CODE_STORAGE(extern, RoundTf32)
 MAXSIM_CODE_STORAGE(extern, SplitFp16)
 MAXSIM_CODE_STORAGE(extern, RoundFp16)
 
-// fp32 rows as fp16 parts (split_fp16.cu): the scratch floats a call's split copies take, and
-// the kernels that fill them, returning the params that read them (16-bit rows of 2 * dim,
-// per-row scales in q_scale / d_scale).
+// fp32 rows as fp16 parts (fwd_split_fp16.cu): the scratch floats a call's split copies take,
+// and the kernels that fill them, returning the params that read them (16-bit rows of 2 * dim,
+// or of the dim hi halves at that pitch with p.tf32; per-row scales in q_scale / d_scale).
 size_t split_fp16_floats(const FwdParams& p);
 FwdParams split_fp16_inputs(const FwdParams& p, float* scratch, cudaStream_t stream);
 

@@ -44,11 +44,11 @@ struct WgmmaLoop {
       float(&d)[MT * NT * 4] = reinterpret_cast<float(&)[MT * NT * 4]>(acc);
       wgmma_fence();
       if constexpr (B::kFp16Parts) {
-        // Rows [hi | lo] of kdim / 2 dims each: hi * lo and lo * hi first (three products), then
-        // hi * hi.
+        // Rows [hi | lo] of kdim / 2 dims each: hi * lo and lo * hi first, then hi * hi; one
+        // product: rows of the hi parts alone.
         static_assert(BN == 96, "fp16 parts: m64n96 tiles");
         constexpr bool kCross = B::kFp16Products == 3;
-        const int parts = b.kdim() / 32;  // k steps per part
+        const int parts = b.kdim() / (kCross ? 32 : 16);  // k steps per part
         if constexpr (kCross) {
 #pragma unroll
           for (int k = 0; k < parts; ++k) {

@@ -7,8 +7,9 @@
 // product exact in the fp32 accumulator) at the fp16 rate, twice TF32's, and multiplies each dot
 // product by the document token's 1 / scale before the max and each row's max by the query
 // row's. Values more than about 2^17 below their row's largest count with an absolute error of
-// up to about 2^-39 of it (their lo an fp16 subnormal), where TF32 keeps each value's exponent. The opt-in TF32 mode
-// (RoundFp16) takes hi * hi alone: 11 bits per value, as TF32 keeps.
+// up to about 2^-39 of it (their lo an fp16 subnormal), where TF32 keeps each value's exponent.
+// The opt-in TF32 mode (RoundFp16) takes hi * hi alone (11 bits per value, as TF32 keeps),
+// reading the hi halves only: half the bytes, and room for two blocks per SM.
 //
 // Inf: stored as +-Inf in both parts. Where the other side holds an Inf, a side takes the split
 // whose parts both carry the value's sign and are nonzero for a nonzero value (hi cut toward
@@ -165,7 +166,7 @@ FwdParams split_fp16_inputs(const FwdParams& p, float* scratch, cudaStream_t str
   FwdParams h = p;
   h.q = as_parts(p.q, q_parts, p.dim);
   h.d = as_parts(p.d, d_parts, p.dim);
-  h.dim = 2 * p.dim;
+  h.dim = p.tf32 ? p.dim : 2 * p.dim;  // one product reads the hi halves only
   h.q_scale = q_unscale;
   h.d_scale = d_unscale;
   return h;

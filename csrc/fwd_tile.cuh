@@ -65,12 +65,14 @@ struct TileShape<Tile::kMmaBlock, DT>
 
 // kMmaBlock's work on wgmma, two warpgroups of 64 rows x 128 columns over 128-byte-swizzled tiles
 // (16-bit rows; int8 pairs on the integer wgmma): two blocks of two stages per SM, so that one
-// block's max overlaps the other's wgmma. fp32 rows' fp16 parts (twice the dim) leave room for
-// one block, whose registers may then hold the argmax too, and 96-token tiles (two stages, 160 KB
-// at D = 128), which ColBERT's 180-token documents fill to 94% (128-token tiles: 70%).
+// block's max overlaps the other's wgmma. fp32 rows' fp16 parts take 96-token tiles, which
+// ColBERT's 180-token documents fill to 94% (128-token tiles: 70%); both parts (twice the dim:
+// 160 KB at D = 128) leave room for one block, whose registers may then hold the argmax too, the
+// hi parts alone (80 KB) for two.
 template <typename DT>
 struct TileShape<Tile::kWgmmaBlock, DT>
-    : Shape<128, kIsFp16Parts<DT> ? 96 : 128, 8, 1, 2, MainLoop::kWgmma, kIsFp16Parts<DT> ? 1 : 2> {};
+    : Shape<128, kIsFp16Parts<DT> ? 96 : 128, 8, 1, 2, MainLoop::kWgmma,
+            std::is_same_v<DT, SplitFp16> ? 1 : 2> {};
 
 // kMmaBlock's work for 8-bit codes and fp32 rows: one warpgroup takes the product transposed (64
 // document rows x 128 query rows), each warp converting its 16 document rows straight into
