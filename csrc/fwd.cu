@@ -131,29 +131,31 @@ auto with_storage(const FwdParams& p, DType dtype, F&& f) {
   }
 }
 
-// fp32 rows on the 16-bit wgmma tile run as their fp16 parts (fwd_split_fp16.cu): 16-bit rows of
-// twice the dim, three products per pair (p.tf32: one, of the dim hi halves).
+// fp32 rows on the 16-bit wgmma tile run as their fp16 parts (fwd_split_fp16.cu).
 bool takes_fp16_parts(Tile tile, DType dtype) { return dtype == DType::kF32 && tile == Tile::kWgmmaBlock; }
-FwdParams as_fp16_parts(const FwdParams& p) {
-  FwdParams h = p;
-  h.dim = p.tf32 ? p.dim : 2 * p.dim;
-  return h;
-}
+
+// Calls f(storage tag, params, dtype) for the instance that runs `tile` on these inputs: fp32 rows
+// on the 16-bit wgmma tile as 16-bit rows of their fp16 parts (as_fp16_parts), else with_storage's
+// tag with the inputs as they are.
 template <typename F>
-auto with_parts(const FwdParams& p, F&& f) {
-  return p.tf32 ? f(RoundFp16{}) : f(SplitFp16{});
+auto with_tile_storage(Tile tile, const FwdParams& p, DType dtype, F&& f) {
+  if (takes_fp16_parts(tile, dtype)) {
+    const FwdParams h = as_fp16_parts(p);
+    return p.tf32 ? f(RoundFp16{}, h, DType::kF16) : f(SplitFp16{}, h, DType::kF16);
+  }
+  return with_storage(p, dtype, [&](auto s) { return f(s, p, dtype); });
 }
 
 int resident(Tile tile, const FwdParams& p, DType dtype) {
-  if (takes_fp16_parts(tile, dtype))
-    return with_parts(p, [&](auto s) { return storage_resident<decltype(s)>(tile, as_fp16_parts(p), DType::kF16); });
-  return with_storage(p, dtype, [&](auto s) { return storage_resident<decltype(s)>(tile, p, dtype); });
+  return with_tile_storage(tile, p, dtype, [&](auto s, const FwdParams& h, DType t) {
+    return storage_resident<decltype(s)>(tile, h, t);
+  });
 }
 
 size_t tile_smem(Tile tile, const FwdParams& p, DType dtype) {
-  if (takes_fp16_parts(tile, dtype))
-    return with_parts(p, [&](auto s) { return storage_smem<decltype(s)>(tile, as_fp16_parts(p), DType::kF16); });
-  return with_storage(p, dtype, [&](auto s) { return storage_smem<decltype(s)>(tile, p, dtype); });
+  return with_tile_storage(tile, p, dtype, [&](auto s, const FwdParams& h, DType t) {
+    return storage_smem<decltype(s)>(tile, h, t);
+  });
 }
 
 // The tile that fits the device's shared memory per block: the 128-row tile takes 108 KB at
@@ -395,14 +397,12 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       mask_extent_kernel<<<blocks, threads, 0, stream>>>(p.d.mask, p.d.count, p.d.pad_len, extent);
       tc.d.lengths = extent;
     }
-    if (takes_fp16_parts(plan.tile, dtype)) {
-      tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
-      tc.d_tma = encode_documents(tc, DType::kF16, TileShape<Tile::kWgmmaBlock, SplitFp16>::BN);
-      with_parts(p, [&](auto s) { storage_launch<decltype(s)>(tc, plan, DType::kF16, stream); });
-    } else {
-      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, dtype, TileShape<Tile::kWgmmaBlock, Plain>::BN);
-      with_storage(p, dtype, [&](auto s) { storage_launch<decltype(s)>(tc, plan, dtype, stream); });
-    }
+    if (takes_fp16_parts(plan.tile, dtype)) tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
+    with_tile_storage(plan.tile, p, dtype, [&](auto s, const FwdParams&, DType t) {
+      using DT = decltype(s);
+      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, t, TileShape<Tile::kWgmmaBlock, DT>::BN);
+      storage_launch<DT>(tc, plan, t, stream);
+    });
   }
   if (plan.grid.m_tiles > 1) {
     const int n = p.pairs.num_pairs;

@@ -174,9 +174,11 @@ MAXSIM_CODE_STORAGE(extern, RoundTf32)
 MAXSIM_CODE_STORAGE(extern, SplitFp16)
 MAXSIM_CODE_STORAGE(extern, RoundFp16)
 
-// fp32 rows as fp16 parts (fwd_split_fp16.cu): the scratch floats a call's split copies take,
-// and the kernels that fill them, returning the params that read them (16-bit rows of 2 * dim,
-// or of the dim hi halves at that pitch with p.tf32; per-row scales in q_scale / d_scale).
+// fp32 rows as fp16 parts (fwd_split_fp16.cu): the dim the tile sees (16-bit rows of 2 * dim, or
+// the dim's hi halves at that pitch with p.tf32), the scratch floats a call's split copies take,
+// and the kernels that fill them, returning the params that read them (per-row scales in
+// q_scale / d_scale).
+FwdParams as_fp16_parts(const FwdParams& p);
 size_t split_fp16_floats(const FwdParams& p);
 FwdParams split_fp16_inputs(const FwdParams& p, float* scratch, cudaStream_t stream);
 

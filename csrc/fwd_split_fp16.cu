@@ -139,6 +139,12 @@ size_t aligned_floats(int64_t n) { return size_t((n + 31) / 32 * 32); }  // 128-
 
 }  // namespace
 
+FwdParams as_fp16_parts(const FwdParams& p) {
+  FwdParams h = p;
+  h.dim = p.tf32 ? p.dim : 2 * p.dim;  // one product reads the hi halves only
+  return h;
+}
+
 size_t split_fp16_floats(const FwdParams& p) {
   const int64_t q_rows = stored_rows(p.q), d_rows = stored_rows(p.d);
   // Parts (2 * dim halves = dim floats per row), then scales, then the two Inf flags.
@@ -163,10 +169,9 @@ FwdParams split_fp16_inputs(const FwdParams& p, float* scratch, cudaStream_t str
   launch_split<false>(p.q, p.dim, nullptr, nullptr, flags, 1, 0, stream);
   launch_split<true>(p.d, p.dim, d_parts, d_unscale, flags, 0, 1, stream);
   launch_split<true>(p.q, p.dim, q_parts, q_unscale, flags, 1, 0, stream);
-  FwdParams h = p;
+  FwdParams h = as_fp16_parts(p);
   h.q = as_parts(p.q, q_parts, p.dim);
   h.d = as_parts(p.d, d_parts, p.dim);
-  h.dim = p.tf32 ? p.dim : 2 * p.dim;  // one product reads the hi halves only
   h.q_scale = q_unscale;
   h.d_scale = d_unscale;
   return h;
