@@ -222,8 +222,9 @@ Tile row_tile(const FwdParams& p, int lq, int& qpb) {
   return Tile::kMmaStream;                              // one short query streaming documents
 }
 
-// fp32 calls whose fp16 parts take at most this much scratch (a copy of the inputs' size) run on
-// the 16-bit wgmma tile; larger ones split their values in the tile (kWgmmaConverted).
+// fp32 calls whose fp16 parts take at most this much scratch (a copy of the inputs' size, half in
+// the TF32 mode) run on the 16-bit wgmma tile; larger ones split their values in the tile
+// (kWgmmaConverted).
 constexpr size_t kFp16PartsMaxBytes = size_t(2) << 30;
 
 // Hopper's form of an mma.sync tile, where its shared memory fits.

@@ -175,7 +175,7 @@ MAXSIM_CODE_STORAGE(extern, SplitFp16)
 MAXSIM_CODE_STORAGE(extern, RoundFp16)
 
 // fp32 rows as fp16 parts (fwd_split_fp16.cu): the dim the tile sees (16-bit rows of 2 * dim, or
-// the dim's hi halves at that pitch with p.tf32), the scratch floats a call's split copies take,
+// of the dim's hi halves alone with p.tf32), the scratch floats a call's split copies take,
 // and the kernels that fill them, returning the params that read them (per-row scales in
 // q_scale / d_scale).
 FwdParams as_fp16_parts(const FwdParams& p);

@@ -8,8 +8,9 @@
 // product by the document token's 1 / scale before the max and each row's max by the query
 // row's. Values more than about 2^17 below their row's largest count with an absolute error of
 // up to about 2^-39 of it (their lo an fp16 subnormal), where TF32 keeps each value's exponent.
-// The opt-in TF32 mode (RoundFp16) takes hi * hi alone (11 bits per value, as TF32 keeps),
-// reading the hi halves only: half the bytes, and room for two blocks per SM.
+// The opt-in TF32 mode (RoundFp16) takes hi * hi alone (11 bits per value, as TF32 keeps): its
+// rows hold the hi halves only (half the scratch and the bytes), which leaves room for two
+// blocks per SM.
 //
 // Inf: stored as +-Inf in both parts. Where the other side holds an Inf, a side takes the split
 // whose parts both carry the value's sign and are nonzero for a nonzero value (hi cut toward
@@ -64,11 +65,13 @@ __device__ __forceinline__ Fp16Parts split_fp16(float x, float scale, bool kept_
 }
 
 // One warp per stored row, kPer = dim / 32 values per lane. flags[self] is set where the row holds
-// an Inf; kWrite: the row's parts go to out (row r at r * 2 * dim: dim hi halves, then dim lo
-// halves) and its 1 / scale to unscale[r], with the kept-sign split where flags[other] is set.
+// an Inf; kWrite: the row's parts go to out (row r at r * parts * dim: dim hi halves, then with
+// two parts dim lo halves) and its 1 / scale to unscale[r], with the kept-sign split where
+// flags[other] is set.
 template <int kPer, bool kWrite>
 __global__ void __launch_bounds__(kSplitThreads)
-split_fp16_kernel(const TokenSet s, int64_t rows, __half* out, float* unscale, int* flags, int other, int self) {
+split_fp16_kernel(const TokenSet s, int64_t rows, int parts, __half* out, float* unscale, int* flags, int other,
+                  int self) {
   const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;  // whole warps: rows are per warp
@@ -99,41 +102,46 @@ split_fp16_kernel(const TokenSet s, int64_t rows, __half* out, float* unscale, i
     __half hi[kPer], lo[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const Fp16Parts parts = split_fp16(x[i], scale, kept_sign);
-      hi[i] = parts.hi;
-      lo[i] = parts.lo;
+      const Fp16Parts split = split_fp16(x[i], scale, kept_sign);
+      hi[i] = split.hi;
+      lo[i] = split.lo;
     }
     const int dim = 32 * kPer;
-    __half* row = out + r * 2 * dim + lane * kPer;
+    __half* row = out + r * parts * dim + lane * kPer;
     if constexpr (kPer == 4) {
       *reinterpret_cast<uint2*>(row) = *reinterpret_cast<const uint2*>(hi);
-      *reinterpret_cast<uint2*>(row + dim) = *reinterpret_cast<const uint2*>(lo);
+      if (parts == 2) *reinterpret_cast<uint2*>(row + dim) = *reinterpret_cast<const uint2*>(lo);
     } else {
       *reinterpret_cast<uint32_t*>(row) = *reinterpret_cast<const uint32_t*>(hi);
-      *reinterpret_cast<uint32_t*>(row + dim) = *reinterpret_cast<const uint32_t*>(lo);
+      if (parts == 2) *reinterpret_cast<uint32_t*>(row + dim) = *reinterpret_cast<const uint32_t*>(lo);
     }
     if (lane == 0) unscale[r] = __int_as_float((127 - k) << 23);
   }
 }
 
 template <bool kWrite>
-void launch_split(const TokenSet& s, int dim, __half* out, float* unscale, int* flags, int other,
+void launch_split(const TokenSet& s, int dim, int parts, __half* out, float* unscale, int* flags, int other,
                   int self, cudaStream_t stream) {
   const int64_t rows = stored_rows(s);
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows * 32 + kSplitThreads - 1) / kSplitThreads);
-  if (dim == 128) split_fp16_kernel<4, kWrite><<<blocks, kSplitThreads, 0, stream>>>(s, rows, out, unscale, flags, other, self);
-  else split_fp16_kernel<2, kWrite><<<blocks, kSplitThreads, 0, stream>>>(s, rows, out, unscale, flags, other, self);
+  if (dim == 128)
+    split_fp16_kernel<4, kWrite><<<blocks, kSplitThreads, 0, stream>>>(s, rows, parts, out, unscale, flags, other, self);
+  else
+    split_fp16_kernel<2, kWrite><<<blocks, kSplitThreads, 0, stream>>>(s, rows, parts, out, unscale, flags, other, self);
 }
 
-// A token set's fp16 parts: the same segments, rows packed at 2 * dim halves.
-TokenSet as_parts(const TokenSet& s, const __half* parts, int dim) {
+// A token set's fp16 parts: the same segments, rows packed at parts * dim halves.
+TokenSet as_parts(const TokenSet& s, const __half* data, int dim, int parts) {
   TokenSet h = s;
-  h.data = parts;
-  h.row_stride = 2 * int64_t(dim);
+  h.data = data;
+  h.row_stride = int64_t(parts) * dim;
   h.seg_stride = int64_t(s.pad_len) * h.row_stride;
   return h;
 }
+
+// Parts stored per value: hi and lo, or hi alone for the TF32 mode's one product.
+int parts_per_value(const FwdParams& p) { return p.tf32 ? 1 : 2; }
 
 size_t aligned_floats(int64_t n) { return size_t((n + 31) / 32 * 32); }  // 128-byte regions
 
@@ -141,14 +149,15 @@ size_t aligned_floats(int64_t n) { return size_t((n + 31) / 32 * 32); }  // 128-
 
 FwdParams as_fp16_parts(const FwdParams& p) {
   FwdParams h = p;
-  h.dim = p.tf32 ? p.dim : 2 * p.dim;  // one product reads the hi halves only
+  h.dim = parts_per_value(p) * p.dim;  // the TF32 mode's rows: the hi halves alone
   return h;
 }
 
 size_t split_fp16_floats(const FwdParams& p) {
   const int64_t q_rows = stored_rows(p.q), d_rows = stored_rows(p.d);
-  // Parts (2 * dim halves = dim floats per row), then scales, then the two Inf flags.
-  return aligned_floats(q_rows * p.dim) + aligned_floats(d_rows * p.dim) + aligned_floats(q_rows) +
+  const int64_t halves = int64_t(parts_per_value(p)) * p.dim;  // per row
+  // Parts (two halves per float), then scales, then the two Inf flags.
+  return aligned_floats(q_rows * halves / 2) + aligned_floats(d_rows * halves / 2) + aligned_floats(q_rows) +
          aligned_floats(d_rows) + aligned_floats(2);
 }
 
@@ -160,18 +169,20 @@ FwdParams split_fp16_inputs(const FwdParams& p, float* scratch, cudaStream_t str
     at += aligned_floats(n);
     return region;
   };
-  __half* q_parts = reinterpret_cast<__half*>(take(q_rows * p.dim));
-  __half* d_parts = reinterpret_cast<__half*>(take(d_rows * p.dim));
+  const int parts = parts_per_value(p);
+  const int64_t halves = int64_t(parts) * p.dim;  // per row
+  __half* q_parts = reinterpret_cast<__half*>(take(q_rows * halves / 2));
+  __half* d_parts = reinterpret_cast<__half*>(take(d_rows * halves / 2));
   float* q_unscale = take(q_rows);
   float* d_unscale = take(d_rows);
   int* flags = reinterpret_cast<int*>(take(2));  // [queries hold an Inf, documents do]
   cudaMemsetAsync(flags, 0, 2 * sizeof(int), stream);
-  launch_split<false>(p.q, p.dim, nullptr, nullptr, flags, 1, 0, stream);
-  launch_split<true>(p.d, p.dim, d_parts, d_unscale, flags, 0, 1, stream);
-  launch_split<true>(p.q, p.dim, q_parts, q_unscale, flags, 1, 0, stream);
+  launch_split<false>(p.q, p.dim, parts, nullptr, nullptr, flags, 1, 0, stream);
+  launch_split<true>(p.d, p.dim, parts, d_parts, d_unscale, flags, 0, 1, stream);
+  launch_split<true>(p.q, p.dim, parts, q_parts, q_unscale, flags, 1, 0, stream);
   FwdParams h = as_fp16_parts(p);
-  h.q = as_parts(p.q, q_parts, p.dim);
-  h.d = as_parts(p.d, d_parts, p.dim);
+  h.q = as_parts(p.q, q_parts, p.dim, parts);
+  h.d = as_parts(p.d, d_parts, p.dim, parts);
   h.q_scale = q_unscale;
   h.d_scale = d_unscale;
   return h;

@@ -143,28 +143,38 @@ int main() {
   expect(exact_plan.parts_at >= 0 && exact_plan.parts_at % 32 == 0, "fp32 parts: no aligned scratch", h100,
          cases[14], exact_plan.tile);
   // A corpus whose fp16 parts would take more than 2 GiB of scratch keeps split (or rounded)
-  // TF32 on the transposed tile.
+  // TF32 on the transposed tile. The TF32 mode's parts (hi halves alone) take half the scratch:
+  // 1.8 GB at this corpus, which therefore stays on the parts' tile in that mode, and twice the
+  // corpus is past it.
   const Case big = {"fp32_big_corpus", kAllPairs, 4, 32, 40000, 180, 128, Codes::kNone};
-  FwdParams big_params = params(big);
-  for (const bool tf32 : {false, true}) {
-    big_params.tf32 = tf32;
-    const FwdPlan big_plan = plan_fwd(big_params, DType::kF32, h100);
-    expect(big_plan.tile == Tile::kWgmmaConverted && big_plan.parts_at < 0,
-           "fp32 past the parts' scratch: not TF32 on the transposed tile", h100, big, big_plan.tile);
-  }
+  const Case bigger = {"fp32_bigger_corpus", kAllPairs, 4, 32, 80000, 180, 128, Codes::kNone};
+  FwdParams big_params = params(big), bigger_params = params(bigger);
+  bigger_params.tf32 = true;
+  const FwdPlan exact_big = plan_fwd(big_params, DType::kF32, h100);
+  const FwdPlan tf32_bigger = plan_fwd(bigger_params, DType::kF32, h100);
+  expect(exact_big.tile == Tile::kWgmmaConverted && exact_big.parts_at < 0,
+         "fp32 past the parts' scratch: not split TF32 on the transposed tile", h100, big, exact_big.tile);
+  expect(tf32_bigger.tile == Tile::kWgmmaConverted && tf32_bigger.parts_at < 0,
+         "fp32 TF32 past the parts' scratch: not TF32 on the transposed tile", h100, bigger, tf32_bigger.tile);
+  big_params.tf32 = true;
+  const FwdPlan tf32_big = plan_fwd(big_params, DType::kF32, h100);
+  expect(tf32_big.tile == Tile::kWgmmaBlock && tf32_big.parts_at >= 0,
+         "fp32 TF32 with the hi halves' scratch in bounds: not the parts' tile", h100, big, tf32_big.tile);
+  big_params.tf32 = false;
   // fp32 all pairs with the argmax: fp16 parts on the 16-bit wgmma tile (both modes); past the
   // parts' scratch the mma.sync block tile, since kWgmmaConverted has no fp32 argmax instance
   // (kArgmaxInstanceOf; a plan without an instance launches nothing).
   alignas(16) static int g_argmax[1];
   FwdParams with_argmax = params(cases[14]);
   with_argmax.argmax = g_argmax;
-  big_params.argmax = g_argmax;
+  big_params.argmax = bigger_params.argmax = g_argmax;
   for (const bool tf32 : {false, true}) {
-    with_argmax.tf32 = big_params.tf32 = tf32;
+    with_argmax.tf32 = tf32;
     const Tile argmax_tile = plan_fwd(with_argmax, DType::kF32, h100).tile;
     expect(argmax_tile == Tile::kWgmmaBlock, "fp32 with argmax: not the 16-bit wgmma tile", h100, cases[14], argmax_tile);
-    const Tile big_argmax = plan_fwd(big_params, DType::kF32, h100).tile;
-    expect(big_argmax == Tile::kMmaBlock, "fp32 with argmax past the parts' scratch: not mma.sync", h100, big, big_argmax);
+    const Tile big_argmax = plan_fwd(tf32 ? bigger_params : big_params, DType::kF32, h100).tile;
+    expect(big_argmax == Tile::kMmaBlock, "fp32 with argmax past the parts' scratch: not mma.sync", h100,
+           tf32 ? bigger : big, big_argmax);
   }
   // Exact fp32 rows wider than the split products keep (dim256_short): the CUDA cores; single
   // TF32 takes the tensor cores there.

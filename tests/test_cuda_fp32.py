@@ -219,6 +219,24 @@ def test_fp16_parts_grouped_long_queries_are_exact():
     assert_exact(*run(args, False), *reference_of(args))
 
 
+def test_fp16_parts_scratch_is_the_inputs_size_and_half_that_in_the_tf32_mode():
+    """The exact mode's split copies (hi and lo) take the inputs' size; the TF32 mode stores the
+    hi parts alone, half that."""
+    args = parts_call(("padded", "padded"), 128, data="normal")
+    inputs = (args[0].numel() + args[1].numel()) * 4
+    grew = {}
+    for tf32 in (False, True):
+        run(args, tf32)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run(args, tf32)
+        torch.cuda.synchronize()
+        grew[tf32] = torch.cuda.max_memory_allocated() - base
+    assert inputs <= grew[False] < 1.1 * inputs, grew
+    assert inputs / 2 <= grew[True] < 0.55 * inputs, grew
+
+
 @pytest.mark.parametrize("side", ["queries", "documents"])
 def test_fp16_parts_infinite_products_follow_fp32(side):
     """An Inf on either side times every part of the other side's values: +-Inf, never NaN (the
