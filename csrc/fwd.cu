@@ -38,7 +38,7 @@ EncodeTiled encoder() {
 // cp.async.
 bool encode_documents(FwdParams& p, DType dtype, int box_rows) {
   const TokenSet& d = p.d;
-  const int64_t rows = d.offsets != nullptr ? d.rows : int64_t(d.count) * d.pad_len;
+  const int64_t rows = stored_rows(d);
   if (d.offsets == nullptr && d.seg_stride != int64_t(d.pad_len) * d.row_stride) return false;
   const uint64_t pitch = uint64_t(d.row_stride) * 2;
   if (rows < 1 || rows >= INT_MAX || pitch % 16 || reinterpret_cast<uintptr_t>(d.data) % 16) return false;

@@ -31,9 +31,6 @@ namespace {
 
 constexpr int kSplitThreads = 256;  // eight rows per block, one warp each
 
-// Rows a token set's storage holds (padded: every segment's pad_len rows).
-int64_t stored_rows(const TokenSet& s) { return s.offsets != nullptr ? s.rows : int64_t(s.count) * s.pad_len; }
-
 // Row r of a token set's storage (padded: segment r / pad_len, row r % pad_len of it).
 __device__ __forceinline__ const float* stored_row(const TokenSet& s, int64_t r) {
   const float* base = static_cast<const float*>(s.data);

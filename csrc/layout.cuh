@@ -60,6 +60,11 @@ __device__ __forceinline__ bool query_ok(const TokenSet& q, const Segment& g, in
   return g.ok && (q.offsets == nullptr || g.len <= max_lq);
 }
 
+// Rows a token set's storage holds: a packed set's rows, a padded set's pad_len per segment.
+__host__ __device__ __forceinline__ int64_t stored_rows(const TokenSet& s) {
+  return s.offsets != nullptr ? s.rows : int64_t(s.count) * s.pad_len;
+}
+
 // Element offset of row `r` of the token set (rows are uniformly strided within a segment).
 __device__ __forceinline__ int64_t row_elem(const TokenSet& s, int n, int64_t first_row, int t) {
   if (s.offsets != nullptr) return (first_row + t) * s.row_stride;
