@@ -38,6 +38,11 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
 #endif
   static constexpr bool kWgT = kLoop == MainLoop::kWgmmaTransposed;
   static constexpr bool kWg = kLoop != MainLoop::kMmaSync;  // swizzled tiles read by wgmma
+  // Only the 128-row block tiles pack several short queries into their rows (FwdGrid::qpb); the
+  // others hold one query's rows, BM per query at compile time, so that finding a row's query
+  // takes a shift instead of a division.
+  static constexpr bool kOneQuery =
+      kTile != Tile::kMmaBlock && kTile != Tile::kWgmmaBlock && kTile != Tile::kWgmmaConverted;
 
   const FwdParams& p;
   const FwdGrid grid;
@@ -71,7 +76,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
       : p(params), grid(g), dim_arg(params.dim), tid(threadIdx.x), lane(tid % 32), warp(tid / 32), warp_m(warp / WN), warp_n(warp % WN),
         d_tma(params.d_tma), qtile(blockIdx.x % g.q_tiles), chunk(blockIdx.x / g.q_tiles),
         mt(qtile % g.m_tiles), num_q(params.q.count), num_d(params.d.count),
-        rpq(g.qpb > 1 ? params.q.pad_len : BM), t0(mt * BM),
+        rpq(!kOneQuery && g.qpb > 1 ? params.q.pad_len : BM), t0(mt * BM),
         items(params.pairs, params.q.count, params.d.count, g, qtile, chunk) {
     const SmemLayout s = Cfg::smem(dim());
     q_s = reinterpret_cast<T*>(raw + s.q);
