@@ -279,9 +279,13 @@ void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& de
     // block (a new block's loads overlap the one before's epilogue), more past ~8 waves.
     // 8-bit documents always run one wave: a block's fixed cost is large next to their bytes.
     // The transposed tile of short 16-bit documents runs one wave up to four: its blocks are a
-    // few tiles long, so a new block's start costs more than the pipeline running on.
+    // few tiles long, so a new block's start costs more than the pipeline running on. Up to eight
+    // where the DRAM gives each SM 30+ GB/s (H200; H100: 25): blocks that wait on their loads'
+    // latency rather than on bandwidth gain more by running on than by the block scheduler's
+    // balancing of one-document blocks.
     const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
-    const int64_t one_wave_below = (plan.tile == Tile::kWgmmaStream ? 4 : 2) * slots;
+    const int stream_waves = int64_t(dev.dram_gbps) >= 30 * int64_t(dev.num_sms) ? 8 : 4;
+    const int64_t one_wave_below = (plan.tile == Tile::kWgmmaStream ? stream_waves : 2) * slots;
     const bool one_wave = p.codes != Codes::kNone || units < one_wave_below;
     const int64_t per_block = one_wave ? (units + slots - 1) / slots : units / (8 * slots);
     g.docs_per_block = static_cast<int>(std::max<int64_t>(1, per_block));

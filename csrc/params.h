@@ -107,6 +107,7 @@ struct DeviceInfo {
   int sm = 0;        // compute capability, major * 10 + minor
   int num_sms = 0;
   int max_smem = 0;  // opt-in shared memory per block, bytes
+  int dram_gbps = 0; // peak DRAM bandwidth (memory clock x bus width), 0 where unknown
 };
 
 }  // namespace maxsim

@@ -86,8 +86,9 @@ int main() {
       {"fp32_rerank", kGrouped, 32, 32, 1600, 180, 128, Codes::kNone},
       {"tiny", kAllPairs, 1, 32, 8, 32, 128, Codes::kNone},
   };
-  // Opt-in shared memory per block: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90 227 KB.
-  const DeviceInfo devices[] = {{80, 108, 166912}, {86, 84, 101376}, {89, 128, 101376}, {90, 132, 232448}};
+  // Opt-in shared memory per block: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90 227 KB; the H100
+  // SXM's peak DRAM bandwidth (2619 MHz x 5120 bits, double data rate), the others' unknown.
+  const DeviceInfo devices[] = {{80, 108, 166912}, {86, 84, 101376}, {89, 128, 101376}, {90, 132, 232448, 3352}};
   int failures = 0;
   auto expect = [&](bool ok, const char* what, const DeviceInfo& dev, const Case& c, Tile t) {
     if (ok) return;
@@ -127,6 +128,18 @@ int main() {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);
   }
+  // Short 16-bit documents between four and eight waves of streaming blocks (without a GPU
+  // every tile counts as one resident block per SM): one document per block on the H100, one
+  // wave of several per block where the DRAM gives each SM 30+ GB/s (the H200: 3201 MHz x
+  // 6016 bits).
+  const DeviceInfo h200 = {90, 132, 232448, 4814};
+  const Case waves6 = {"rerank_k25_ld256", kGrouped, 32, 32, 800, 256, 128, Codes::kNone};
+  const FwdPlan on_h100 = plan_fwd(params(waves6), DType::kF16, h100);
+  const FwdPlan on_h200 = plan_fwd(params(waves6), DType::kF16, h200);
+  expect(on_h100.tile == Tile::kWgmmaStream && on_h100.grid.docs_per_block == 1,
+         "past four waves: not one document per block", h100, waves6, on_h100.tile);
+  expect(on_h200.tile == Tile::kWgmmaStream && on_h200.grid.docs_per_block > 1,
+         "below eight waves: not one wave of several documents per block", h200, waves6, on_h200.tile);
   // fp32: the compute-bound and streaming TF32 tiles on every GPU where they fit (exact all pairs
   // on Hopper: the 16-bit wgmma tile on the rows' fp16 parts); tiny calls on the CUDA cores.
   const struct { int at; Tile h100, sm86; } fp32[] = {

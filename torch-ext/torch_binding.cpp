@@ -147,10 +147,27 @@ maxsim::PairMap pair_map(int64_t layout, int64_t group, const maxsim::TokenSet& 
   return m;
 }
 
+// Peak DRAM bandwidth of a device in GB/s (double data rate: 2 x memory clock x bus width),
+// looked up once per device; 0 where the driver does not tell.
+int dram_gbps(int device) {
+  constexpr int kMaxDevices = 64;
+  static int known[kMaxDevices] = {};  // GB/s + 1, so that 0 means "not looked up yet"
+  if (device >= 0 && device < kMaxDevices && known[device] > 0) return known[device] - 1;
+  int khz = 0, bits = 0;
+  int gbps = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess)
+    gbps = static_cast<int>(2.0 * khz * 1e3 * bits / 8 / 1e9);
+  else
+    (void)cudaGetLastError();  // an attribute the driver lacks is not an error of the next launch
+  if (device >= 0 && device < kMaxDevices) known[device] = gbps + 1;
+  return gbps;
+}
+
 maxsim::DeviceInfo device_info() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return {prop->major * 10 + prop->minor, prop->multiProcessorCount,
-          static_cast<int>(prop->sharedMemPerBlockOptin)};
+          static_cast<int>(prop->sharedMemPerBlockOptin), dram_gbps(at::cuda::current_device())};
 }
 
 void check_pair(const Tensor& q, const Tensor& d) {
