@@ -47,6 +47,8 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
 // d.rows).
 bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
+// int64 index values into int32 ones, saturating at the int32 range (index32.cu).
+void launch_saturate_int32(const int64_t* in, int* out, int64_t n, cudaStream_t stream);
 // Whether the training step's backward can compute the loss itself (p.ce) for scores of `cols`
 // columns: the dQ kernel and the dD row kernel then do the work of launch_ce's two kernels, which
 // a small step pays for in launches. Every dQ block re-reads its query's scores, so only up to

@@ -217,6 +217,35 @@ def test_index_tensors_of_the_wrong_size_are_errors():
         ops().bwd(torch.ones_like(s), Q, D, arg[:1], None, None, None, None, ALLPAIRS, 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_int64_index_values_read_as_int32_and_saturated(dtype):
+    # The op reads int64 lengths, offsets and pair ids itself: the same scores as int32, and a
+    # value past the int32 range is out of range (NaN), never wrapped into it.
+    wide = 1 << 32
+    Q, D = values((3, 32, 128), dtype, DEVICE), values((40, 70, 128), dtype, DEVICE)
+    d_len = torch.randint(1, 71, (40,), device=DEVICE, dtype=torch.int32)
+    ref, ref_arg = fwd(Q, D, d_len=d_len)
+    s, arg = fwd(Q, D, d_len=d_len.long())
+    assert torch.equal(s, ref) and torch.equal(arg, ref_arg)
+    bad_len = d_len.long()
+    bad_len[[3, 17]] = torch.tensor([wide + 5, -wide + 5], device=DEVICE)  # wrap to 5 in int32
+    s, _ = fwd(Q, D, d_len=bad_len)
+    bad = torch.zeros_like(ref, dtype=torch.bool)
+    bad[:, [3, 17]] = True
+    assert_nan_where(s, bad, ref)
+    q, d = values((60, 64), dtype, DEVICE), values((300, 64), dtype, DEVICE)
+    q_off, d_off = i32([0, 20, 45, 60]), i32([0, 50, 120, 121, 200, 300])
+    ref, _ = fwd(q, d, q_off=q_off, d_off=d_off, max_lq=25)
+    s, _ = fwd(q, d, q_off=q_off.long(), d_off=d_off.long(), max_lq=25)
+    assert torch.equal(s, ref)
+    pq, pd = i32([0, 1, 2, 2]), i32([8, 0, 4, 39])
+    ref, _ = fwd(Q, D, pair_q=pq, pair_d=pd, layout=PAIRS)
+    wide_pd = pd.long()
+    wide_pd[1] = wide  # would wrap to document 0
+    s, _ = fwd(Q, D, pair_q=pq.long(), pair_d=wide_pd, layout=PAIRS)
+    assert_nan_where(s, torch.tensor([False, True, False, False], device=DEVICE), ref)
+
+
 def test_context_survives_every_case_above():  # run last in this file
     x = torch.ones(4, device=DEVICE)
     assert (x + 1).sum().item() == 8

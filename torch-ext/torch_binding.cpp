@@ -65,13 +65,25 @@ maxsim::DType dtype_of(const Tensor& x) {
   }
 }
 
-// Optional index / mask tensors: right dtype, on the device, contiguous.
-const int* int_ptr(const OptTensor& t, const char* name, const Tensor& like) {
+// int32 copies of a call's int64 index tensors, alive until its launches are queued (the
+// allocator reuses their memory in stream order after that).
+using IndexCopies = std::vector<Tensor>;
+
+// Optional index / mask tensors: right dtype, on the device, contiguous. int64 index values are
+// read as an int32 copy, saturated at the int32 range (one small launch; index32.cu).
+const int* int_ptr(const OptTensor& t, const char* name, const Tensor& like, IndexCopies& copies) {
   if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->scalar_type() == at::kInt, "maxsim: ", name, " must be int32, got ", t->scalar_type());
+  const bool wide = t->scalar_type() == at::kLong;
+  TORCH_CHECK(wide || t->scalar_type() == at::kInt, "maxsim: ", name, " must be int32 or int64, got ", t->scalar_type());
   TORCH_CHECK(t->device() == like.device(), "maxsim: ", name, " must be on ", like.device());
   TORCH_CHECK(t->is_contiguous(), "maxsim: ", name, " must be contiguous");
-  return t->data_ptr<int>();
+  if (!wide) return t->data_ptr<int>();
+  Tensor narrow = at::empty(t->sizes(), t->options().dtype(at::kInt));
+  maxsim::launch_saturate_int32(t->data_ptr<int64_t>(), narrow.data_ptr<int>(), t->numel(),
+                                at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  copies.push_back(narrow);
+  return narrow.data_ptr<int>();
 }
 const bool* mask_ptr(const OptTensor& t, const char* name, const Tensor& like) {
   if (!t.has_value()) return nullptr;
@@ -82,7 +94,7 @@ const bool* mask_ptr(const OptTensor& t, const char* name, const Tensor& like) {
 }
 
 maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptTensor& lengths,
-                           const OptTensor& mask, const char* name) {
+                           const OptTensor& mask, const char* name, IndexCopies& copies) {
   TORCH_CHECK(x.is_cuda(), "maxsim: ", name, " must be a CUDA tensor");
   TORCH_CHECK(x.is_contiguous(), "maxsim: ", name, " must be contiguous");
   maxsim::TokenSet s;
@@ -96,7 +108,7 @@ maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptT
     s.pad_len = static_cast<int>(x.size(1));
     s.seg_stride = x.size(1) * dim;
     s.rows = x.size(0) * x.size(1);
-    s.lengths = int_ptr(lengths, "lengths", x);
+    s.lengths = int_ptr(lengths, "lengths", x, copies);
     // Numbers as strings: the message never goes through an ostream's numeric facet, which has
     // crashed inside a JIT-built extension whose libstdc++ differed from the process's.
     if (s.lengths) TORCH_CHECK(lengths->numel() == s.count, "maxsim: ", name, " lengths must have one entry per segment (", std::to_string(s.count), "), got ", std::to_string(lengths->numel()));
@@ -105,7 +117,7 @@ maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptT
     TORCH_CHECK(x.dim() == 2, "maxsim: ", name, " must be 2-D (packed) or 3-D (padded), got ", x.dim(), "-D");
     TORCH_CHECK(offsets.has_value(), "maxsim: ", name, " is packed (2-D) and needs offsets");
     TORCH_CHECK(!lengths.has_value(), "maxsim: ", name, " is packed; lengths must be None");
-    s.offsets = int_ptr(offsets, "offsets", x);
+    s.offsets = int_ptr(offsets, "offsets", x, copies);
     TORCH_CHECK(offsets->numel() >= 1, "maxsim: ", name, " offsets must have at least one entry");
     s.count = static_cast<int>(offsets->numel() - 1);
     s.rows = x.size(0);
@@ -116,7 +128,7 @@ maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptT
 
 maxsim::PairMap pair_map(int64_t layout, int64_t group, const maxsim::TokenSet& q,
                          const maxsim::TokenSet& d, const OptTensor& pair_q, const OptTensor& pair_d,
-                         const Tensor& like, std::vector<int64_t>& shape) {
+                         const Tensor& like, std::vector<int64_t>& shape, IndexCopies& copies) {
   maxsim::PairMap m;
   m.layout = static_cast<maxsim::Layout>(layout);
   int64_t n = 0;
@@ -135,8 +147,8 @@ maxsim::PairMap pair_map(int64_t layout, int64_t group, const maxsim::TokenSet& 
     case maxsim::kPairs:
       TORCH_CHECK(pair_q.has_value() && pair_d.has_value(), "maxsim: pairs layout needs pair_q and pair_d");
       TORCH_CHECK(pair_q->numel() == pair_d->numel(), "maxsim: pair_q and pair_d differ in length");
-      m.pair_q = int_ptr(pair_q, "pair_q", like);
-      m.pair_d = int_ptr(pair_d, "pair_d", like);
+      m.pair_q = int_ptr(pair_q, "pair_q", like, copies);
+      m.pair_d = int_ptr(pair_d, "pair_d", like, copies);
       n = pair_q->numel();
       shape = {n};
       break;
@@ -216,10 +228,10 @@ void fill_fwd(maxsim::FwdParams& p, const Tensor& q, const Tensor& d, const OptT
               const OptTensor& q_lengths, const OptTensor& q_mask, const OptTensor& d_offsets,
               const OptTensor& d_lengths, const OptTensor& d_mask, const OptTensor& pair_q,
               const OptTensor& pair_d, int64_t layout, int64_t group, int64_t max_lq,
-              std::vector<int64_t>& shape) {
-  p.q = token_set(q, q_offsets, q_lengths, q_mask, "queries");
-  p.d = token_set(d, d_offsets, d_lengths, d_mask, "documents");
-  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
+              std::vector<int64_t>& shape, IndexCopies& copies) {
+  p.q = token_set(q, q_offsets, q_lengths, q_mask, "queries", copies);
+  p.d = token_set(d, d_offsets, d_lengths, d_mask, "documents", copies);
+  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape, copies);
   p.dim = static_cast<int>(q.size(-1));
   if (q.dim() == 3) TORCH_CHECK(max_lq == q.size(1), "maxsim: max_lq must equal the padded query length");
   TORCH_CHECK(max_lq >= 0, "maxsim: max_lq must be >= 0");
@@ -237,8 +249,9 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
   const Tensor q = q_in.contiguous(), d = d_in.contiguous();
   maxsim::FwdParams p;
   std::vector<int64_t> shape;
+  IndexCopies copies;
   fill_fwd(p, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
-           layout, group, max_lq, shape);
+           layout, group, max_lq, shape, copies);
   p.tf32 = tf32;  // fp32 rows: one TF32 product instead of the split three
   return run_fwd(p, q, dtype_of(q), shape, max_lq, with_argmax);
 }
@@ -296,8 +309,9 @@ std::tuple<Tensor, Tensor> fwd_scaled(const Tensor& q_in, const OptTensor& q_sca
   }
   maxsim::FwdParams p;
   std::vector<int64_t> shape;
+  IndexCopies copies;
   fill_fwd(p, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, pair_q, pair_d,
-           layout, group, max_lq, shape);
+           layout, group, max_lq, shape, copies);
   p.codes = codes;
   p.q_scale = scale_ptr(q_scale, q, "q_scale");
   p.d_scale = scale_ptr(d_scale, d, "d_scale");
@@ -342,11 +356,11 @@ maxsim::CeParams ce_params(float* scores, int64_t rows, int64_t cols, const Tens
 maxsim::BwdParams bwd_params(const Tensor& q, const Tensor& d, const OptTensor& q_offsets,
                              const OptTensor& d_offsets, const OptTensor& pair_q,
                              const OptTensor& pair_d, int64_t layout, int64_t group,
-                             std::vector<int64_t>& shape) {
+                             std::vector<int64_t>& shape, IndexCopies& copies) {
   maxsim::BwdParams p;
-  p.q = token_set(q, q_offsets, std::nullopt, std::nullopt, "queries");
-  p.d = token_set(d, d_offsets, std::nullopt, std::nullopt, "documents");
-  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape);
+  p.q = token_set(q, q_offsets, std::nullopt, std::nullopt, "queries", copies);
+  p.d = token_set(d, d_offsets, std::nullopt, std::nullopt, "documents", copies);
+  p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape, copies);
   p.dim = static_cast<int>(q.size(-1));
   return p;
 }
@@ -411,7 +425,8 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   const c10::cuda::CUDAGuard guard(q_in.device());
   const Tensor q = q_in.contiguous(), d = d_in.contiguous();
   std::vector<int64_t> shape;
-  maxsim::BwdParams p = bwd_params(q, d, q_offsets, d_offsets, pair_q, pair_d, layout, group, shape);
+  IndexCopies copies;
+  maxsim::BwdParams p = bwd_params(q, d, q_offsets, d_offsets, pair_q, pair_d, layout, group, shape, copies);
   TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
   TORCH_CHECK(argmax.dim() == static_cast<int64_t>(shape.size()) + 1, "maxsim: argmax has the wrong rank");
   p.max_lq = static_cast<int>(argmax.size(-1));
@@ -458,10 +473,11 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step(
   const Tensor q = q_in.contiguous(), d = d_in.contiguous();
   maxsim::FwdParams fp;
   std::vector<int64_t> shape;
+  IndexCopies copies;
   fill_fwd(fp, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, std::nullopt,
-           std::nullopt, layout, group, max_lq, shape);
+           std::nullopt, layout, group, max_lq, shape, copies);
   maxsim::BwdParams bp = bwd_params(q, d, q_offsets, d_offsets, std::nullopt, std::nullopt,
-                                    layout, group, shape);
+                                    layout, group, shape, copies);
   bp.max_lq = fp.max_lq;
   const int64_t rows = shape[0], cols = shape[1], n = rows * cols, entries = n * max_lq;
   const Tensor t = ce_targets(targets, q, rows);

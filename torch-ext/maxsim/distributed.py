@@ -498,6 +498,8 @@ def contrastive_loss(
         Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
     # This rank's inputs are checked before any collective: a bad one raises, it does not hang.
     q, d, _, _ = padded_sets(Q, D, q_mask, d_mask, False, q_lengths, d_lengths, backend)
+    if d.lengths is not None:  # the gathers carry the documents' lengths as int32 bytes
+        d = d._replace(lengths=check.int32(d.lengths))
     if q.scale is not None or d.scale is not None:
         raise ValueError("Q, D: expected float tensors (quantized tokens have no gradient here)")
     plan = _plan(q, d, group, same_shapes)

@@ -96,10 +96,11 @@ def _plain_parts(
                 check.check_lengths(names[1], d_lengths, d_shape[-2])
         elif check.debug_enabled():
             return None  # the checked path reads their values
-        if q_lengths is not None and q_lengths.dtype != torch.int32:
-            q_lengths = check.int32(q_lengths)
-        if d_lengths is not None and d_lengths.dtype != torch.int32:
-            d_lengths = check.int32(d_lengths)
+        if not Q.is_cuda:  # the CUDA ops take int64 values as they are (one launch, no host op)
+            if q_lengths is not None and q_lengths.dtype != torch.int32:
+                q_lengths = check.int32(q_lengths)
+            if d_lengths is not None and d_lengths.dtype != torch.int32:
+                d_lengths = check.int32(d_lengths)
         if rank == 4 and d_lengths is not None:
             d_lengths = d_lengths.view(-1)
     if q_mask is not None and not _op_tensor(q_mask, torch.bool, q_shape[:2], device):
