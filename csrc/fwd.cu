@@ -180,9 +180,6 @@ bool fits(Tile tile, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
 // included: fp16 pairs of codes) is laid out as 16-bit rows.
 bool byte_rows(const FwdParams& p) { return p.codes == Codes::kInt8 || p.codes == Codes::kE4m3; }
 
-// The tiles whose blocks own 128 query rows: compute-bound, sized by waves of blocks.
-bool block_tile(Tile t) { return t == Tile::kMmaBlock || t == Tile::kWgmmaBlock || t == Tile::kWgmmaConverted; }
-
 // Multiply-adds of a call (query rows x document rows x dim over its pairs), for the fp32 rule.
 double multiply_adds(const FwdParams& p) {
   const double doc_rows = double(p.d.rows) / std::max(1, p.d.count);  // per document, on average

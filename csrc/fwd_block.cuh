@@ -38,11 +38,10 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
 #endif
   static constexpr bool kWgT = kLoop == MainLoop::kWgmmaTransposed;
   static constexpr bool kWg = kLoop != MainLoop::kMmaSync;  // swizzled tiles read by wgmma
-  // Only the 128-row block tiles pack several short queries into their rows (FwdGrid::qpb); the
-  // others hold one query's rows, BM per query at compile time, so that finding a row's query
-  // takes a shift instead of a division.
-  static constexpr bool kOneQuery =
-      kTile != Tile::kMmaBlock && kTile != Tile::kWgmmaBlock && kTile != Tile::kWgmmaConverted;
+  // Only the block tiles pack several short queries into their rows; the others hold one query's
+  // rows, BM per query at compile time, so that finding a row's query takes a shift instead of a
+  // division.
+  static constexpr bool kOneQuery = !block_tile(kTile);
 
   const FwdParams& p;
   const FwdGrid grid;

@@ -21,6 +21,12 @@ enum class Tile {
   kWarpStream,       // warps with private stages, no block barrier per tile (fwd_warp.cuh)
 };
 
+// The tiles whose blocks own 128 query rows: the compute-bound ones, sized by waves of blocks, and
+// the only ones that may pack several short queries into their rows (FwdGrid::qpb).
+__host__ __device__ constexpr bool block_tile(Tile t) {
+  return t == Tile::kMmaBlock || t == Tile::kWgmmaBlock || t == Tile::kWgmmaConverted;
+}
+
 // What the forward runs for one call, planned once (with p.argmax already set, as the resident
 // block count depends on it) and then launched.
 struct FwdPlan {

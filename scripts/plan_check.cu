@@ -108,10 +108,8 @@ int main() {
         expect(plan.tile == Tile::kSimt || plan.blocks > 0, "no blocks", dev, c, plan.tile);
         expect(c.codes == Codes::kNone || plan.tile != Tile::kSimt, "8-bit documents without a tile", dev, c, plan.tile);
         if (dev.sm != 90) expect(!hopper_only(plan.tile), "Hopper-only tile", dev, c, plan.tile);
-        // Only the 128-row block tiles pack several queries (TileBlock::kOneQuery).
-        const bool packs = plan.tile == Tile::kMmaBlock || plan.tile == Tile::kWgmmaBlock ||
-                           plan.tile == Tile::kWgmmaConverted;
-        expect(plan.grid.qpb == 1 || packs, "several queries on a one-query tile", dev, c, plan.tile);
+        // Only the block tiles pack several queries (TileBlock::kOneQuery).
+        expect(plan.grid.qpb == 1 || block_tile(plan.tile), "several queries on a one-query tile", dev, c, plan.tile);
         if (mode == 0 || mode == 2)
           std::printf("sm_%d %-15s %s -> %-12s %6zu B smem, %d blocks\n", dev.sm, c.name,
                       mode == 0 ? "fp16" : "fp32", tile_name(plan.tile), smem, plan.blocks);
