@@ -1,5 +1,6 @@
-// Backward launcher: one launch for dQ, one for dD.
+// Backward launcher: one launch for dQ, one or two for dD (the sort runs beside dQ).
 #include <algorithm>
+#include <type_traits>
 #include "bwd.cuh"
 #include "bwd_sorted.cuh"
 #include "launch.h"
@@ -21,13 +22,20 @@ bool vec_rows(const TokenSet& s, int dim, int slice) {
          s.row_stride % slice == 0 && (s.offsets != nullptr || s.seg_stride % slice == 0);
 }
 
-// Per-(range, row) counters of the dD sort, as many as fit a 64 KB budget. Padded documents take
-// one range per warp, as many as fit whole; packed ones (their lengths known only on the device)
-// take the whole budget and split it themselves (bwd_dd_sort_kernel).
+// The largest sort (its counters' shared memory) launched beside dQ.
+constexpr size_t kSortBesideSmem = 32 * 1024;
+
+// Per-(range, row) counters of the dD sort, within a 64 KB budget. Padded documents take one
+// range per warp, as many as fit whole. Packed ones (their lengths known only on the device) take
+// one range per warp of twice the average document and split them themselves: a longer document
+// takes fewer ranges, or several passes (bwd_dd_sort_kernel). So small batches' sorts stay small
+// enough to run beside dQ.
 int sort_counters(const TokenSet& d, const DeviceInfo& dev) {
   const int budget = std::min(64 * 1024, dev.max_smem - 1024) / int(sizeof(int));  // + static smem
-  if (d.offsets != nullptr) return budget;
-  return std::max(1, std::min(kSortWarps, budget / d.pad_len)) * d.pad_len;
+  if (d.offsets == nullptr) return std::max(1, std::min(kSortWarps, budget / d.pad_len)) * d.pad_len;
+  const int64_t average = (d.rows + std::max(d.count, 1) - 1) / std::max(d.count, 1);
+  const int64_t chunk = std::max<int64_t>(32, (2 * average + 31) / 32 * 32);
+  return static_cast<int>(std::min<int64_t>(budget, kSortWarps * chunk));
 }
 
 }  // namespace
@@ -50,7 +58,8 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     const int warps = kBwdThreads / 32;
     const int q_rows = dq_rows(p);
     const int row_blocks = (std::max(q_rows, 1) + warps - 1) / warps;
-    if (p.q.count > 0 && q_rows > 0) {
+    const bool dq_queued = p.q.count > 0 && q_rows > 0;
+    if (dq_queued) {
       const bool vec = vec_rows(p.d, p.dim, kSlice<T>);
       auto dq = p.ce.rows > 0 ? (vec ? bwd_dq_kernel<T, true, true> : bwd_dq_kernel<T, false, true>)
                               : (vec ? bwd_dq_kernel<T, true, false> : bwd_dq_kernel<T, false, false>);
@@ -59,9 +68,17 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
     if (p.d.rows > 0 && p.dd_sorted != nullptr) {
       const int counters = sort_counters(p.d, dev);
       const size_t smem = size_t(counters) * sizeof(int);
-      allow_smem<bwd_dd_sort_kernel>(smem);
-      if (p.d.count > 0)  // packed rows and no documents: every row's dD is zero
-        bwd_dd_sort_kernel<<<p.d.count, kSortThreads, smem, stream>>>(p, counters);
+      // Beside dQ where the counters fit next to dQ's blocks in the shared memory an SM set aside
+      // for them; larger ones wait for whole SMs to drain and lost time on the H100.
+      const bool beside = dq_queued && smem <= kSortBesideSmem;
+      auto sort = [&](auto packed) {
+        constexpr auto kernel = bwd_dd_sort_kernel<decltype(packed)::value>;
+        allow_smem<kernel>(smem);
+        if (beside) launch_beside(dev, kernel, p.d.count, kSortThreads, smem, stream, p, counters);
+        else kernel<<<p.d.count, kSortThreads, smem, stream>>>(p, counters);
+      };
+      if (p.d.count > 0 && p.d.offsets != nullptr) sort(std::true_type{});
+      else if (p.d.count > 0) sort(std::false_type{});  // none: packed rows' dD is all zero
       const int64_t rows_per_block = 2 * kBwdWarps;
       const int64_t blocks = (p.d.rows + rows_per_block - 1) / rows_per_block;
       auto rows = vec_rows(p.q, p.dim, kSlice<T>) ? bwd_dd_rows_kernel<T, true>

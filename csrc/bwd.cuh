@@ -7,6 +7,7 @@
 #pragma once
 #include <type_traits>
 #include "ce.cuh"
+#include "overlap.cuh"
 #include "fwd_simt.cuh"
 
 namespace maxsim {
@@ -221,6 +222,7 @@ __global__ void __launch_bounds__(kBwdThreads, 8) bwd_dq_kernel(const BwdParams 
   const int t_base = (blockIdx.x % row_blocks) * kBwdWarps;
   const int w = threadIdx.x / 32, t = t_base + w;
   const int lane = threadIdx.x % 32, half = lane / 16;
+  let_dependents_start();  // the dD sort, launched beside this kernel, may start
   CeRow ce{};
   if constexpr (kCe) {  // before any early return: the query's first block writes the row
     __shared__ CeRow ce_shared;

@@ -13,6 +13,7 @@
 // padded or packed.
 #pragma once
 #include "bwd.cuh"
+#include "overlap.cuh"
 
 namespace maxsim {
 
@@ -90,7 +91,9 @@ __device__ __forceinline__ void write_rows(const BwdParams& p, const int* cnt, i
 // Stable counting sort of document j's argmax entries by winning row, in passes of up to
 // `counters` rows (one pass unless a packed document is longer): each pass counts, scans and
 // places only the entries whose row it covers, after the entries of the earlier passes' rows.
-__global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdParams p, int counters) {
+// Padded documents always take one pass (the host gives them counters for pad_len rows or more).
+template <bool kPacked>
+__device__ __forceinline__ void sort_document_entries(const BwdParams& p, int counters) {
   extern __shared__ int cnt[];  // [ranges][chunk]: counts, then each range's cursors
   __shared__ int warp_sums[kSortWarps];
   const int j = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdPara
   const Segment gd = segment_at(p.d, j);
   const int rows = gd.rows;
   if (rows == 0) return;
-  const int chunk = min(rows, counters);
+  const int chunk = kPacked ? min(rows, counters) : rows;
   const int ranges = max(1, min(kSortWarps, counters / chunk));
   const PairRange pr = pairs_of_doc(p, j);
   const int entries = static_cast<int>((pr.end - pr.begin) * p.max_lq);
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdPara
     __syncthreads();
     placed = scan_counts(cnt, warp_sums, ranges, n, placed);
     __syncthreads();
-    write_rows(p, cnt, n, placed, base, gd.first_row + r0, j, owns_its_rows(p.d, j, gd));
+    write_rows(p, cnt, n, placed, base, gd.first_row + r0, j, !kPacked || owns_its_rows(p.d, j, gd));
     __syncthreads();  // range 0's cursors are read
     // 3. placement: warp w walks range w in entry order; equal rows within a step ranked by lane
     if (warp >= ranges) continue;
@@ -162,6 +165,14 @@ __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdPara
       }
     }
   }
+}
+
+// One block per document. Launched beside the dQ kernel (overlap.cuh): the two share no output,
+// and a small batch's documents fill few SMs, so dQ takes the rest.
+template <bool kPacked>
+__global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdParams p, int counters) {
+  sort_document_entries<kPacked>(p, counters);
+  wait_for_prerequisite();  // the kernels queued after this one see dQ's writes too
 }
 
 // Two document rows per warp, one per half-warp (lanes over 16-byte column slices, as in dQ); the

@@ -274,9 +274,9 @@ def check_packed_dd(ops, rng, layout, dtype, D_dim, Lq, lens, nq, g, nan=False):
 
 def packed_dd_checks(ops, rng):
     """Packed documents' dD against the padded path, bit for bit: ragged lengths with 0 / 1 / 63
-    / 64 / 65 rows, ties, NaN, every layout, each dtype; one packed document longer than the dD
-    sort's counters (several passes) against the padded path's row-block kernel. Returns (passed,
-    run)."""
+    / 64 / 65 rows, ties, NaN, every layout, each dtype; packed documents longer than the dD
+    sort's counters (several passes: past the whole budget, and one long document among short
+    ones) against the padded path's row-block kernel. Returns (passed, run)."""
     n_ok = n = 0
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for layout in (ALL, GROUPED, PAIRS):
@@ -291,6 +291,8 @@ def packed_dd_checks(ops, rng):
                     n_ok += check_packed_dd(ops, rng, layout, dtype, D_dim, Lq, lens, nq, g, nan)
         n += 1  # 40,000 rows: several passes of the sort, and past the padded sort's rows
         n_ok += check_packed_dd(ops, rng, ALL, dtype, 128, 32, [20000, 5, 40000, 0], 4, 1)
+        n += 1  # one long document among short ones: past the counters of the average's ranges
+        n_ok += check_packed_dd(ops, rng, ALL, dtype, 128, 32, [1] * 40 + [3000], 4, 1)
     return n_ok, n
 
 
