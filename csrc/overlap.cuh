@@ -27,7 +27,7 @@ __device__ __forceinline__ void wait_for_prerequisite() {
 // launch before sm_90. The kernel must end with wait_for_prerequisite().
 template <typename... Params, typename... Args>
 void launch_beside(const DeviceInfo& dev, void (*kernel)(Params...), dim3 grid, dim3 block,
-                   size_t smem, cudaStream_t stream, Args&&... args) {
+                   size_t smem, cudaStream_t stream, const Args&... args) {
   cudaLaunchAttribute overlap[1];
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
@@ -38,7 +38,10 @@ void launch_beside(const DeviceInfo& dev, void (*kernel)(Params...), dim3 grid, 
   config.stream = stream;
   config.attrs = overlap;
   config.numAttrs = dev.sm >= 90 ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);  // errors: cudaGetLastError
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess || config.numAttrs == 0) return;
+  (void)cudaGetLastError();  // a driver without programmatic launches: a plain one
+  config.numAttrs = 0;
+  cudaLaunchKernelEx(&config, kernel, args...);  // a real error stays for cudaGetLastError
 }
 
 }  // namespace maxsim
