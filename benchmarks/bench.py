@@ -166,10 +166,11 @@ def time_calls(fns, device, *, min_reps=30, max_reps=MAX_REPS, target_s=0.4, war
 
 
 def kernel_time(fns, device, reps=10):
-    """``(ms, launches, kernels)``: the summed device time of the kernels one call launches
-    (torch.profiler, ``reps`` calls rotating over ``fns``), the kernels per call, and
-    ``{name: (launches, ms)}`` per call. Host work is not in it, so it does not move with the
-    host's speed the way a back-to-back timing does. ``(None, None, {})`` off CUDA."""
+    """``(ms, launches, kernels)``: the device time the kernels one call launches occupy
+    (torch.profiler, ``reps`` calls rotating over ``fns``; the union of their intervals, so that
+    kernels running side by side count once), the kernels per call, and ``{name: (launches,
+    ms)}`` per call (each kernel's own duration). Host work is not in it, so it does not move with
+    the host's speed the way a back-to-back timing does. ``(None, None, {})`` off CUDA."""
     if device.type != "cuda":
         return None, None, {}
     from torch.profiler import ProfilerActivity, profile
@@ -180,18 +181,27 @@ def kernel_time(fns, device, reps=10):
             fns[r % len(fns)]()
         sync(device)
     names = {}
-    total_us = launches = 0
+    spans = []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         n, t = names.get(e.name[:70], (0, 0.0))
         names[e.name[:70]] = (n + 1 / reps, t + us / 1e3 / reps)
-        total_us += us
-        launches += 1
-    if launches == 0:  # nothing recorded (e.g. a CUDA graph replay the profiler does not see)
+        spans.append((e.time_range.start, e.time_range.start + us))
+    if not spans:  # nothing recorded (e.g. a CUDA graph replay the profiler does not see)
         return None, None, {}
-    return total_us / 1e3 / reps, launches / reps, names
+    return busy_us(spans) / 1e3 / reps, len(spans) / reps, names
+
+
+def busy_us(spans):
+    """Total length of the union of ``(start, end)`` intervals."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def percentile(xs, q):

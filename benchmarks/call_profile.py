@@ -5,8 +5,8 @@ work will move it.
     python benchmarks/call_profile.py [--only rerank,varlen] [--impl maxsim] [--out FILE]
 
 Columns: ``loop`` back-to-back time per call (CUDA events, as bench.py times it); ``host`` Python +
-dispatcher + launch time per call (wall clock of calls queued without a sync); ``gpu`` summed
-kernel time per call and ``launches`` kernels per call (torch.profiler).
+dispatcher + launch time per call (wall clock of calls queued without a sync); ``gpu`` kernel
+time per call (kernels side by side count once) and ``launches`` kernels per call (torch.profiler).
 """
 from __future__ import annotations
 

@@ -200,6 +200,13 @@ def test_smoke_run_writes_schema_and_merges(tmp_path):
     assert "re-measured at commit" in render.header_line(again)
 
 
+def test_kernel_time_counts_kernels_side_by_side_once():
+    # intervals in us: two overlapping kernels, one inside another, a gap, one touching the last
+    assert bench.busy_us([(0, 5), (1, 3), (4, 8), (10, 11), (11, 12)]) == 10
+    assert bench.busy_us([(3, 4), (0, 1)]) == 2
+    assert bench.busy_us([]) == 0
+
+
 def test_sass_histogram_splits_kernels_and_counts(tmp_path):
     import sass_histogram
 
