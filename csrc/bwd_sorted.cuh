@@ -167,8 +167,8 @@ __device__ __forceinline__ void sort_document_entries(const BwdParams& p, int co
   }
 }
 
-// One block per document. Launched beside the dQ kernel (overlap.cuh): the two share no output,
-// and a small batch's documents fill few SMs, so dQ takes the rest.
+// One block per document. Launched beside the dQ kernel where its counters are small (bwd.cu,
+// overlap.cuh): the two share no output, and a small batch's documents fill few SMs.
 template <bool kPacked>
 __global__ void __launch_bounds__(kSortThreads) bwd_dd_sort_kernel(const BwdParams p, int counters) {
   sort_document_entries<kPacked>(p, counters);
