@@ -77,8 +77,10 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
         if (beside) launch_beside(dev, kernel, p.d.count, kSortThreads, smem, stream, p, counters);
         else kernel<<<p.d.count, kSortThreads, smem, stream>>>(p, counters);
       };
-      if (p.d.count > 0 && p.d.offsets != nullptr) sort(std::true_type{});
-      else if (p.d.count > 0) sort(std::false_type{});  // none: packed rows' dD is all zero
+      if (p.d.count > 0) {  // packed rows and no documents: every row's dD is zero
+        if (p.d.offsets != nullptr) sort(std::true_type{});
+        else sort(std::false_type{});
+      }
       const int64_t rows_per_block = 2 * kBwdWarps;
       const int64_t blocks = (p.d.rows + rows_per_block - 1) / rows_per_block;
       auto rows = vec_rows(p.q, p.dim, kSlice<T>) ? bwd_dd_rows_kernel<T, true>
