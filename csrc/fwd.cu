@@ -403,6 +403,9 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     with_tile_storage(plan.tile, p, dtype, [&](auto s, const FwdParams&, DType t) {
       using DT = decltype(s);
       if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, t, TileShape<Tile::kWgmmaBlock, DT>::BN);
+      // The stream tiles take a padded document's first tile by TMA (StageLoader::start).
+      if ((plan.tile == Tile::kWgmmaStream || plan.tile == Tile::kWgmmaDeepStream) && p.d.offsets == nullptr)
+        tc.d_tma = encode_documents(tc, t, TileShape<Tile::kWgmmaStream, DT>::BN);
       storage_launch<DT>(tc, plan, t, stream);
     });
   }

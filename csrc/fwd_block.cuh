@@ -59,7 +59,7 @@ struct TileBlock : TileConfig<T_, DT_, kTile> {
   bool* mask_s;
   uint64_t* full;  // [STAGES] mbarriers of the wgmma tile's TMA loads
   const int tid, lane, warp, warp_m, warp_n;
-  const bool d_tma;  // TMA boxes of 16-bit rows (MainLoop::kWgmma)
+  const bool d_tma;  // TMA boxes of 16-bit rows (TileConfig::kTmaStages)
   // What this block owns
   const int qtile, chunk, mt, num_q, num_d;
   const int rpq;  // rows per query inside the tile

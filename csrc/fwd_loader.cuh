@@ -27,6 +27,7 @@ struct StageLoader {
   // pad_len are the document's own (padding past its length only reaches masked columns), so
   // the copies need no length, and its latency overlaps the length and query loads.
   const bool early;
+  bool early_tma = false;  // the early tile came by TMA: the first step waits on stage 0's barrier
   // The producer's position: item, its segment, tile.
   int p_item, p_tile;
   Segment p_seg;
@@ -180,6 +181,20 @@ struct StageLoader {
     mask_stage = -1;
   }
 
+  // The stream tiles' early first tile as TMA boxes, where the host built a tensor map and the
+  // padded documents fill a tile: one thread's two instructions instead of every thread's
+  // copies, issued before the block's lookups (swizzled the way wgmma reads them).
+  __device__ __forceinline__ bool early_by_tma() const { return kWgT && b.d_tma && b.p.d.pad_len >= BN; }
+  __device__ __forceinline__ void request_early_tile(int doc) {
+    if (b.tid != 0) return;
+    mbar_init(b.full, 1);
+    mbar_init_fence();
+    mbar_expect_tx(b.full, uint32_t(BN * b.kdim() * sizeof(DElem)));
+    const int row = doc * b.p.d.pad_len;  // the host checked that the rows fit an int
+    for (int atom = 0; atom < b.kdim() / 64; ++atom)
+      tma_load_2d(b.d_s + atom * BN * 64, b.p.d_tmap, atom * 64, row, b.full);
+  }
+
   // Requests the producer's next tile into `stage`. `copied`: its rows are already requested
   // (the early first tile).
   __device__ __forceinline__ void issue(int stage, bool copied) {
@@ -198,7 +213,7 @@ struct StageLoader {
         mask_stage = stage;
       }
       const int row0 = p_tile * BN;
-      if (kWg && b.d_tma) {
+      if (kWg && b.d_tma && !kWgT) {
         // One thread loads the tile as 64-dim boxes (the tensor map swizzles them the way wgmma
         // reads); rows past this document are masked by `cols`, past the tensor zero-filled.
         if (b.tid == 0) {
@@ -226,8 +241,13 @@ struct StageLoader {
   __device__ __forceinline__ void start() {
     const FwdParams& p = b.p;
     const int doc0 = b.items.doc(b.items.begin);
-    // Only an id in range: its padded rows are the document's own, whatever its length.
-    if (early && index_below(doc0, p.d.count)) copy_rows(0, doc0, 0, 0, p.d.pad_len);
+    // Only an id in range: its padded rows are the document's own, whatever its length (another
+    // id's first stage is left as it is: its columns are masked).
+    if (early && index_below(doc0, p.d.count)) {
+      early_tma = early_by_tma();
+      if (early_tma) request_early_tile(doc0);
+      else copy_rows(0, doc0, 0, 0, p.d.pad_len);
+    }
     p_item = b.items.begin;
     p_seg = b.items.doc_segment(p.d, doc0);
     p_tile = 0;
@@ -235,7 +255,7 @@ struct StageLoader {
     // length load then runs alongside) and before the first stage is requested (same group).
     load_queries(b.items.q0, true);
     if constexpr (kWg) fence_proxy_async();  // the query tile's stores, then wgmma's reads
-    if (kWg && p.d_tma && b.tid == 0) {
+    if (kWg && !kWgT && p.d_tma && b.tid == 0) {
       for (int s = 0; s < STAGES; ++s) mbar_init(b.full + s, 1);
       mbar_init_fence();
     }

@@ -144,6 +144,10 @@ struct WgmmaTransposedLoop {
       cp_async_wait<STAGES - 2>();
       // This thread's copies, then wgmma's reads (converted rows are read by the threads).
       if constexpr (!B::kDocOperand) fence_proxy_async();
+      if (ld.early_tma) {
+        mbar_wait(b.full, 0);
+        ld.early_tma = false;
+      }
       __syncthreads();
       // The next stage's copies: converted rows issue them while this tile's products run.
       auto refill = [&]() { ld.issue((b.stage + STAGES - 1) % STAGES, false); };

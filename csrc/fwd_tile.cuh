@@ -156,6 +156,9 @@ struct TileConfig : TileShape<kTile, DT> {
   static constexpr bool kTransposed = S::kLoop == MainLoop::kWgmmaTransposed;
   // Document rows the threads read and convert into the transposed wgmma's register operand.
   static constexpr bool kDocOperand = kTransposed && (kCodes || kTf32);
+  // 16-bit rows on wgmma: with a tensor map from the host, the block tile's stages and the stream
+  // tiles' first stage arrive by TMA, on stage barriers.
+  static constexpr bool kTmaStages = kSwizzled && !kDocOperand;
   // Query tiles in shared memory: split TF32 on wgmma keeps each value's TF32 part and remainder.
   static constexpr int kQueryParts = kTransposed && kTf32Products == 3 ? 2 : 1;
   // The transposed tile's warpgroups split the query rows (each multiplies all document rows of
@@ -194,7 +197,7 @@ struct TileConfig : TileShape<kTile, DT> {
     take(s.row_ok, size_t(BM) * sizeof(uint8_t));                // rows that count (RowFlag)
     take(s.mask, size_t(STAGES) * BN * sizeof(bool));            // tokens that count
     at = (at + 7) / 8 * 8;                                       // mbarriers are 8-byte aligned
-    take(s.full, S::kLoop == MainLoop::kWgmma ? size_t(STAGES) * 8 : 0);  // TMA stage barriers
+    take(s.full, kTmaStages ? size_t(STAGES) * 8 : 0);          // TMA stage barriers
     s.bytes = at;
     return s;
   }
