@@ -31,30 +31,29 @@ EncodeTiled encoder() {
   return fn;
 }
 
-// The documents as one 2-D tensor [rows, dim] for the wgmma tile's TMA loads: boxes of 64 dims
-// (the 128-byte swizzle span) x the tile's `box_rows` tokens, swizzled the way wgmma reads them.
+// A token set as one 2-D tensor [rows, dim] for the wgmma tiles' TMA loads: boxes of 64 dims
+// (the 128-byte swizzle span) x `box_rows` tokens, swizzled the way wgmma reads them, into `out`.
 // Needs segments that follow each other row after row (packed, or padded without gaps), 16-byte
 // row pitch and base, and row indices that fit an int; otherwise false, and the tile copies with
 // cp.async.
-bool encode_documents(FwdParams& p, DType dtype, int box_rows) {
-  const TokenSet& d = p.d;
-  const int64_t rows = stored_rows(d);
-  if (d.offsets == nullptr && d.seg_stride != int64_t(d.pad_len) * d.row_stride) return false;
-  const uint64_t pitch = uint64_t(d.row_stride) * 2;
-  if (rows < 1 || rows >= INT_MAX || pitch % 16 || reinterpret_cast<uintptr_t>(d.data) % 16) return false;
+bool encode_rows(const TokenSet& s, int dim, DType dtype, int box_rows, unsigned char (&out)[128]) {
+  const int64_t rows = stored_rows(s);
+  if (s.offsets == nullptr && s.seg_stride != int64_t(s.pad_len) * s.row_stride) return false;
+  const uint64_t pitch = uint64_t(s.row_stride) * 2;
+  if (rows < 1 || rows >= INT_MAX || pitch % 16 || reinterpret_cast<uintptr_t>(s.data) % 16) return false;
   const EncodeTiled encode = encoder();
   if (encode == nullptr) return false;
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(p.dim), cuuint64_t(rows)};
+  const cuuint64_t dims[2] = {cuuint64_t(dim), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {pitch};
   const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
   const CUresult r = encode(&map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, const_cast<void*>(d.data), dims, strides, box, element_strides,
+                            2, const_cast<void*>(s.data), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return false;
-  static_assert(sizeof(map) == sizeof(p.d_tmap), "CUtensorMap is 128 bytes");
-  std::memcpy(p.d_tmap, &map, sizeof(map));
+  static_assert(sizeof(map) == sizeof(out), "CUtensorMap is 128 bytes");
+  std::memcpy(out, &map, sizeof(map));
   return true;
 }
 
@@ -402,10 +401,15 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     if (takes_fp16_parts(plan.tile, dtype)) tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
     with_tile_storage(plan.tile, p, dtype, [&](auto s, const FwdParams&, DType t) {
       using DT = decltype(s);
-      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_documents(tc, t, TileShape<Tile::kWgmmaBlock, DT>::BN);
-      // The stream tiles take a padded document's first tile by TMA (StageLoader::start).
-      if ((plan.tile == Tile::kWgmmaStream || plan.tile == Tile::kWgmmaDeepStream) && p.d.offsets == nullptr)
-        tc.d_tma = encode_documents(tc, t, TileShape<Tile::kWgmmaStream, DT>::BN);
+      using Stream = TileShape<Tile::kWgmmaStream, DT>;
+      if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_rows(tc.d, tc.dim, t, TileShape<Tile::kWgmmaBlock, DT>::BN, tc.d_tmap);
+      // The stream tiles take a padded document's first tile and a padded query's rows by TMA
+      // (StageLoader::start); explicit pairs reload their queries as they go.
+      if (plan.tile == Tile::kWgmmaStream || plan.tile == Tile::kWgmmaDeepStream) {
+        tc.d_tma = p.d.offsets == nullptr && encode_rows(tc.d, tc.dim, t, Stream::BN, tc.d_tmap);
+        tc.q_tma = p.q.offsets == nullptr && p.pairs.layout != kPairs && plan.grid.qpb == 1 &&
+                   encode_rows(tc.q, tc.dim, t, Stream::BM, tc.q_tmap);
+      }
       storage_launch<DT>(tc, plan, t, stream);
     });
   }

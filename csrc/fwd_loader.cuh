@@ -27,7 +27,7 @@ struct StageLoader {
   // pad_len are the document's own (padding past its length only reaches masked columns), so
   // the copies need no length, and its latency overlaps the length and query loads.
   const bool early;
-  bool early_tma = false;  // the early tile came by TMA: the first step waits on stage 0's barrier
+  bool first_tma = false;  // the first tile or the query came by TMA: the first step waits for it
   // The producer's position: item, its segment, tile.
   int p_item, p_tile;
   Segment p_seg;
@@ -181,18 +181,25 @@ struct StageLoader {
     mask_stage = -1;
   }
 
-  // The stream tiles' early first tile as TMA boxes, where the host built a tensor map and the
-  // padded documents fill a tile: one thread's two instructions instead of every thread's
-  // copies, issued before the block's lookups (swizzled the way wgmma reads them).
-  __device__ __forceinline__ bool early_by_tma() const { return kWgT && b.d_tma && b.p.d.pad_len >= BN; }
-  __device__ __forceinline__ void request_early_tile(int doc) {
-    if (b.tid != 0) return;
+  // The stream tiles' early first tile and query rows as TMA boxes, where the host built tensor
+  // maps (padded documents that fill a tile, padded queries): one thread's few instructions
+  // instead of every thread's copies and lookups, issued first (swizzled the way wgmma reads
+  // them). The first step then waits on stage 0's barrier. Query rows past the query's own come
+  // from the next query or as zeros past the tensor: their columns are skipped (row_ok).
+  __device__ __forceinline__ void request_first_by_tma(bool tile, bool query, int doc) {
+    first_tma = tile || query;
+    if (b.tid != 0 || !first_tma) return;
+    const FwdParams& p = b.p;
     mbar_init(b.full, 1);
     mbar_init_fence();
-    mbar_expect_tx(b.full, uint32_t(BN * b.kdim() * sizeof(DElem)));
-    const int row = doc * b.p.d.pad_len;  // the host checked that the rows fit an int
-    for (int atom = 0; atom < b.kdim() / 64; ++atom)
-      tma_load_2d(b.d_s + atom * BN * 64, b.p.d_tmap, atom * 64, row, b.full);
+    const uint32_t tile_bytes = BN * b.kdim() * sizeof(DElem), query_bytes = BM * b.kdim() * sizeof(T);
+    mbar_expect_tx(b.full, (tile ? tile_bytes : 0u) + (query ? query_bytes : 0u));
+    // Row indices fit an int: the host checked each tensor's rows.
+    const int d_row = doc * p.d.pad_len, q_row = b.items.q0 * p.q.pad_len + b.t0;
+    for (int atom = 0; atom < b.kdim() / 64; ++atom) {
+      if (tile) tma_load_2d(b.d_s + atom * BN * 64, p.d_tmap, atom * 64, d_row, b.full);
+      if (query) tma_load_2d(b.q_s + atom * BM * 64, p.q_tmap, atom * 64, q_row, b.full);
+    }
   }
 
   // Requests the producer's next tile into `stage`. `copied`: its rows are already requested
@@ -243,17 +250,16 @@ struct StageLoader {
     const int doc0 = b.items.doc(b.items.begin);
     // Only an id in range: its padded rows are the document's own, whatever its length (another
     // id's first stage is left as it is: its columns are masked).
-    if (early && index_below(doc0, p.d.count)) {
-      early_tma = early_by_tma();
-      if (early_tma) request_early_tile(doc0);
-      else copy_rows(0, doc0, 0, 0, p.d.pad_len);
-    }
+    const bool early_in = early && index_below(doc0, p.d.count);
+    const bool tile_tma = early_in && kWgT && b.d_tma && p.d.pad_len >= BN, query_tma = kWgT && p.q_tma;
+    request_first_by_tma(tile_tma, query_tma, doc0);
+    if (early_in && !tile_tma) copy_rows(0, doc0, 0, 0, p.d.pad_len);
     p_item = b.items.begin;
     p_seg = b.items.doc_segment(p.d, doc0);
     p_tile = 0;
     // The first query rows are copied after the first document's segment is looked up (its
     // length load then runs alongside) and before the first stage is requested (same group).
-    load_queries(b.items.q0, true);
+    if (!query_tma) load_queries(b.items.q0, true);
     if constexpr (kWg) fence_proxy_async();  // the query tile's stores, then wgmma's reads
     if (kWg && !kWgT && p.d_tma && b.tid == 0) {
       for (int s = 0; s < STAGES; ++s) mbar_init(b.full + s, 1);
@@ -266,7 +272,7 @@ struct StageLoader {
     }
     load_row_flags(b.items.q0);
     // The TMA barriers' initialisation must be visible to every thread before the first step.
-    if (kWg && b.d_tma) __syncthreads();
+    if (kWg && (b.d_tma || p.q_tma)) __syncthreads();
   }
 };
 

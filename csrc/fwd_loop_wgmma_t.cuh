@@ -144,9 +144,9 @@ struct WgmmaTransposedLoop {
       cp_async_wait<STAGES - 2>();
       // This thread's copies, then wgmma's reads (converted rows are read by the threads).
       if constexpr (!B::kDocOperand) fence_proxy_async();
-      if (ld.early_tma) {
+      if (ld.first_tma) {
         mbar_wait(b.full, 0);
-        ld.early_tma = false;
+        ld.first_tma = false;
       }
       __syncthreads();
       // The next stage's copies: converted rows issue them while this tile's products run.

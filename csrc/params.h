@@ -47,11 +47,12 @@ struct FwdParams {
   float* partial = nullptr;         // [m_tiles, num_pairs] when a query spans several row tiles
   int* argmax = nullptr;            // [num_pairs, max_lq] or null
   bool tf32 = false;                // fp32 rows: one TF32 product (opt-in) instead of split TF32
-  // Hopper's wgmma tiles of 16-bit rows: a TMA descriptor (CUtensorMap) of the document rows as
-  // one 2-D tensor [rows, dim], boxes of 64 dims x the tile's rows with the 128-byte swizzle,
-  // when the host could build one.
-  bool d_tma = false;
+  // Hopper's wgmma tiles of 16-bit rows: TMA descriptors (CUtensorMap) of the document rows and
+  // (stream tiles, padded queries) the query rows, each as one 2-D tensor [rows, dim], boxes of
+  // 64 dims x the tile's rows with the 128-byte swizzle, where the host could build them.
+  bool d_tma = false, q_tma = false;
   alignas(64) unsigned char d_tmap[128] = {};
+  alignas(64) unsigned char q_tmap[128] = {};
 };
 
 // Which rows (of the tensor-core forward) a block owns and which documents it scores them against.
