@@ -260,6 +260,10 @@ bool warp_stream_takes(const FwdParams& p, Tile tile, int lq, DType dtype, const
          p.pairs.layout != kPairs && p.argmax == nullptr && fits(Tile::kWarpStream, p, dtype, dev);
 }
 
+// DRAM that gives each SM 30+ GB/s (H200; H100: 25): streaming blocks there wait on their loads'
+// latency and their starts rather than on bandwidth.
+bool fast_dram(const DeviceInfo& dev) { return int64_t(dev.dram_gbps) >= 30 * int64_t(dev.num_sms); }
+
 // Documents per block and the block count, for a plan whose tile and row tiles are chosen.
 void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& dev) {
   FwdGrid& g = plan.grid;
@@ -280,7 +284,7 @@ void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& de
     // latency rather than on bandwidth gain more by running on than by the block scheduler's
     // balancing of one-document blocks.
     const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
-    const int stream_waves = int64_t(dev.dram_gbps) >= 30 * int64_t(dev.num_sms) ? 8 : 4;
+    const int stream_waves = fast_dram(dev) ? 8 : 4;
     const int64_t one_wave_below = (plan.tile == Tile::kWgmmaStream ? stream_waves : 2) * slots;
     const bool one_wave = p.codes != Codes::kNone || units < one_wave_below;
     const int64_t per_block = one_wave ? (units + slots - 1) / slots : units / (8 * slots);
@@ -404,8 +408,10 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       using Stream = TileShape<Tile::kWgmmaStream, DT>;
       if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_rows(tc.d, tc.dim, t, TileShape<Tile::kWgmmaBlock, DT>::BN, tc.d_tmap);
       // The stream tiles take a padded document's first tile and a padded query's rows by TMA
-      // (StageLoader::start); explicit pairs reload their queries as they go.
-      if (plan.tile == Tile::kWgmmaStream || plan.tile == Tile::kWgmmaDeepStream) {
+      // (StageLoader::start): a cheaper block start. The deep-stream tile's blocks are long, so
+      // that pays only where block starts set the pace (fast DRAM); explicit pairs reload their
+      // queries as they go.
+      if (plan.tile == Tile::kWgmmaStream || (plan.tile == Tile::kWgmmaDeepStream && fast_dram(dev))) {
         tc.d_tma = p.d.offsets == nullptr && encode_rows(tc.d, tc.dim, t, Stream::BN, tc.d_tmap);
         tc.q_tma = p.q.offsets == nullptr && p.pairs.layout != kPairs && plan.grid.qpb == 1 &&
                    encode_rows(tc.q, tc.dim, t, Stream::BM, tc.q_tmap);
