@@ -249,6 +249,33 @@ def test_stale_stage_rows_never_reach_a_score():
     torch.testing.assert_close(scores[1::2].double(), ref, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("ld", [180, 600])
+@pytest.mark.parametrize("lq", [17, 32])
+def test_query_tile_rows_past_the_query_never_reach_a_score(lq, ld):
+    """On Hopper the stream tiles load a padded query's 32-row tile as one box, so the rows past
+    a shorter query are the next query's. Odd queries hold NaN (their scores are NaN), even ones
+    NaN past their lengths: the even queries' scores must equal float64 exactly, against their
+    own candidates and against every document."""
+    nq, k, h = 6, 5, 128
+    Q = values((nq, lq, h), torch.float16, DEVICE, "grid")
+    q_len = torch.randint(1, lq + 1, (nq,), device=DEVICE)
+    Q[1::2, 0] = float("nan")
+    Q = Q.masked_fill((torch.arange(lq, device=DEVICE) >= q_len[:, None])[..., None], float("nan"))
+    D = values((nq, k, ld, h), torch.float16, DEVICE, "grid")
+    d_len = torch.randint(1, ld + 1, (nq, k), device=DEVICE)
+    got = maxsim.maxsim(Q, D, q_lengths=q_len, d_lengths=d_len, backend="cuda")
+    want = reference_fwd(
+        Q, D.flatten(0, 1), q_lengths=q_len, d_lengths=d_len.flatten(), layout=GROUPED, group=k
+    )
+    assert torch.all(got[1::2].isnan()) and torch.all(got[0::2].isfinite())
+    assert_exact(got, None, want[0], None)
+    docs = D[0]
+    got = maxsim.maxsim(Q, docs, q_lengths=q_len, d_lengths=d_len[0], backend="cuda")
+    want = reference_fwd(Q, docs, q_lengths=q_len, d_lengths=d_len[0])
+    assert torch.all(got[1::2].isnan()) and torch.all(got[0::2].isfinite())
+    assert_exact(got, None, want[0], None)
+
+
 @pytest.mark.parametrize("h", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_compute_bound_tiles(dtype, h):
