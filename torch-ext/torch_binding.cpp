@@ -365,6 +365,20 @@ maxsim::BwdParams bwd_params(const Tensor& q, const Tensor& d, const OptTensor& 
   return p;
 }
 
+// The backward's params from its forward's: the same token sets without lengths or mask (the
+// argmax entries carry them), so each index tensor is checked and converted once.
+maxsim::BwdParams bwd_params_of(const maxsim::FwdParams& f) {
+  maxsim::BwdParams p;
+  p.q = f.q;
+  p.d = f.d;
+  p.q.lengths = p.d.lengths = nullptr;
+  p.q.mask = p.d.mask = nullptr;
+  p.pairs = f.pairs;
+  p.dim = f.dim;
+  p.max_lq = f.max_lq;
+  return p;
+}
+
 // The dD sort's int32 scratch (argmax entries, then two per document row), or 0 when dD goes
 // another way.
 int64_t sort_scratch_ints(const maxsim::BwdParams& p, int64_t entries) {
@@ -476,9 +490,7 @@ std::tuple<Tensor, Tensor, Tensor> contrastive_step(
   IndexCopies copies;
   fill_fwd(fp, q, d, q_offsets, q_lengths, q_mask, d_offsets, d_lengths, d_mask, std::nullopt,
            std::nullopt, layout, group, max_lq, shape, copies);
-  maxsim::BwdParams bp = bwd_params(q, d, q_offsets, d_offsets, std::nullopt, std::nullopt,
-                                    layout, group, shape, copies);
-  bp.max_lq = fp.max_lq;
+  maxsim::BwdParams bp = bwd_params_of(fp);
   const int64_t rows = shape[0], cols = shape[1], n = rows * cols, entries = n * max_lq;
   const Tensor t = ce_targets(targets, q, rows);
   // [scores n | argmax entries | d loss / d scores n | row losses rows | sort scratch], 4-byte words
