@@ -410,9 +410,11 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       // The stream tiles take a padded document's first tile and a padded query's rows by TMA
       // (StageLoader::start): a cheaper block start. The deep-stream tile's blocks are long, so
       // that pays only where block starts set the pace (fast DRAM); explicit pairs reload their
-      // queries as they go.
+      // queries as they go. No document map where a padded document cannot fill the first tile
+      // (the kernel copies those): each map is host work on every call.
       if (plan.tile == Tile::kWgmmaStream || (plan.tile == Tile::kWgmmaDeepStream && fast_dram(dev))) {
-        tc.d_tma = p.d.offsets == nullptr && encode_rows(tc.d, tc.dim, t, Stream::BN, tc.d_tmap);
+        tc.d_tma = p.d.offsets == nullptr && p.d.pad_len >= Stream::BN &&
+                   encode_rows(tc.d, tc.dim, t, Stream::BN, tc.d_tmap);
         tc.q_tma = p.q.offsets == nullptr && p.pairs.layout != kPairs && plan.grid.qpb == 1 &&
                    encode_rows(tc.q, tc.dim, t, Stream::BM, tc.q_tmap);
       }
