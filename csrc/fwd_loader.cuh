@@ -194,8 +194,9 @@ struct StageLoader {
     mbar_init_fence();
     const uint32_t tile_bytes = BN * b.kdim() * sizeof(DElem), query_bytes = BM * b.kdim() * sizeof(T);
     mbar_expect_tx(b.full, (tile ? tile_bytes : 0u) + (query ? query_bytes : 0u));
-    // Row indices fit an int: the host checked each tensor's rows.
-    const int d_row = doc * p.d.pad_len, q_row = b.items.q0 * p.q.pad_len + b.t0;
+    // Row indices fit an int: the host checked each tensor's rows (the document's only where
+    // its id is in range, which `tile` implies).
+    const int d_row = tile ? doc * p.d.pad_len : 0, q_row = b.items.q0 * p.q.pad_len + b.t0;
     for (int atom = 0; atom < b.kdim() / 64; ++atom) {
       if (tile) tma_load_2d(b.d_s + atom * BN * 64, p.d_tmap, atom * 64, d_row, b.full);
       if (query) tma_load_2d(b.q_s + atom * BM * 64, p.q_tmap, atom * 64, q_row, b.full);
