@@ -96,42 +96,64 @@ void add_row(float* acc, float g, const Segments& s, int64_t row, float* tmp, in
   add_scaled(acc, g, x, h);
 }
 
-// The gradient of every segment of one side: `out` shaped like that side's tokens.
-void grad_side(const BwdCall& c, bool query_side, at::Tensor& out) {
+// Segment n's gradient on one side, summed in fp32 into `acc` (resized to its rows x h); returns
+// its rows, or -1 where its index values are out of range (its pairs have no argmax, and its
+// clamped rows may be another segment's).
+int64_t segment_grad(const BwdCall& c, bool query_side, int64_t n, std::vector<float>& acc, float* tmp) {
   const Segments& own = query_side ? *c.q : *c.d;
   const Segments& other = query_side ? *c.d : *c.q;
   const int64_t h = own.h;
-  const auto make_scratch = [&] { return std::vector<float>(h); };
-  // Offsets that decrease somewhere can leave two in-range segments sharing rows: their
-  // gradients then add up, one segment at a time.
-  const bool shared_rows = own.offsets_decrease();
-  const auto segments = [&](int64_t n0, int64_t n1, std::vector<float>& tmp) {
-    std::vector<float> acc;
-    for (int64_t n = n0; n < n1; ++n) {
-      // Out of range: its pairs have no argmax, and its clamped rows may be another segment's.
-      if (own.out_of_range(n, query_side && own.packed ? c.width : -1)) continue;
-      const int64_t len = query_side ? std::min(own.length(n), c.width) : own.length(n);
-      acc.assign(len * h, 0.f);
-      for_pairs_of(c, query_side, n, [&](int64_t p, int64_t m) {
-        const float g = c.grad[p];
-        const int64_t q_len = std::min(query_side ? len : other.length(m), c.width);
-        const int64_t d_len = query_side ? other.length(m) : len;
-        for (int64_t i = 0; i < q_len; ++i) {
-          const int j = c.argmax[p * c.width + i];
-          if (j < 0 || j >= d_len) continue;  // no winner, or an unchecked bad index
-          if (query_side) add_row(acc.data() + i * h, g, other, other.begin(m) + j, tmp.data(), h);
-          else add_row(acc.data() + j * h, g, other, other.begin(m) + i, tmp.data(), h);
-        }
-      });
-      const at::Tensor block = at::from_blob(acc.data(), {len, h}, at::kFloat);
-      at::Tensor rows = out.view({-1, h}).narrow(0, own.begin(n), len);
-      if (shared_rows) rows.add_(block);
-      else rows.copy_(block);
+  if (own.out_of_range(n, query_side && own.packed ? c.width : -1)) return -1;
+  const int64_t len = query_side ? std::min(own.length(n), c.width) : own.length(n);
+  acc.assign(len * h, 0.f);
+  for_pairs_of(c, query_side, n, [&](int64_t p, int64_t m) {
+    const float g = c.grad[p];
+    const int64_t q_len = std::min(query_side ? len : other.length(m), c.width);
+    const int64_t d_len = query_side ? other.length(m) : len;
+    for (int64_t i = 0; i < q_len; ++i) {
+      const int j = c.argmax[p * c.width + i];
+      if (j < 0 || j >= d_len) continue;  // no winner, or an unchecked bad index
+      if (query_side) add_row(acc.data() + i * h, g, other, other.begin(m) + j, tmp, h);
+      else add_row(acc.data() + j * h, g, other, other.begin(m) + i, tmp, h);
     }
+  });
+  return len;
+}
+
+// dQ and dD (zero-filled, shaped like each side's tokens): every segment of both sides handed out
+// to the threads together, each written once. A side whose packed offsets decrease somewhere
+// can have two in-range segments sharing rows: its gradients add up, one segment at a time.
+void grads(const BwdCall& c, at::Tensor& dq, at::Tensor& dd) {
+  const int64_t h = c.q->h;
+  struct Scratch {
+    std::vector<float> acc, tmp;
   };
-  if (!shared_rows) return for_each_grab(own.count, make_scratch, segments);
-  std::vector<float> tmp = make_scratch();
-  segments(0, own.count, tmp);
+  const auto make_scratch = [&] { return Scratch{{}, std::vector<float>(h)}; };
+  const bool q_shared = c.q->offsets_decrease(), d_shared = c.d->offsets_decrease();
+  const int64_t nq = q_shared ? 0 : c.q->count, nd = d_shared ? 0 : c.d->count;
+  char* q_base = static_cast<char*>(dq.data_ptr());
+  char* d_base = static_cast<char*>(dd.data_ptr());
+  for_each_grab(nq + nd, make_scratch, [&](int64_t i0, int64_t i1, Scratch& s) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const bool query_side = i < nq;
+      const int64_t n = query_side ? i : i - nq;
+      const int64_t len = segment_grad(c, query_side, n, s.acc, s.tmp.data());
+      const Segments& own = query_side ? *c.q : *c.d;
+      // Written straight into the output's rows: no ATen call per segment.
+      char* rows = (query_side ? q_base : d_base) + own.begin(n) * h * own.elem;
+      if (len > 0) from_fp32(s.acc.data(), own.dtype, len * h, rows);
+    }
+  });
+  Scratch s = make_scratch();
+  for (const bool query_side : {true, false}) {
+    if (!(query_side ? q_shared : d_shared)) continue;
+    const Segments& own = query_side ? *c.q : *c.d;
+    at::Tensor rows = (query_side ? dq : dd).view({-1, h});
+    for (int64_t n = 0; n < own.count; ++n) {
+      const int64_t len = segment_grad(c, query_side, n, s.acc, s.tmp.data());
+      if (len > 0) rows.narrow(0, own.begin(n), len).add_(at::from_blob(s.acc.data(), {len, h}, at::kFloat));
+    }
+  }
 }
 
 }  // namespace
@@ -165,10 +187,7 @@ std::tuple<Tensor, Tensor> bwd(const Tensor& grad, const Tensor& q_in, const Ten
   // Accumulated in fp32 per segment, then rounded once into the inputs' dtype.
   Tensor dq = at::zeros(q.sizes(), q.options());
   Tensor dd = at::zeros(d.sizes(), d.options());
-  if (pairs > 0 && c.width > 0 && q.size(-1) > 0) {
-    grad_side(c, true, dq);
-    grad_side(c, false, dd);
-  }
+  if (pairs > 0 && c.width > 0 && q.size(-1) > 0) grads(c, dq, dd);
   return {dq, dd};
 }
 

@@ -67,6 +67,15 @@ inline bool has_avx2_integer() {
   static const bool ok = __builtin_cpu_supports("avx2");
   return ok;
 }
+
+// fp32 -> fp16 with the F16C instruction (to nearest even), 8 values at a time.
+__attribute__((target("avx,f16c"))) inline void fp32_to_half_f16c(const float* s, int64_t n, uint16_t* out) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; k < n; ++k) out[k] = _cvtss_sh(s[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 #endif
 
 // fp32 copies of `n` values of a row in any of the ops' dtypes.
@@ -88,6 +97,27 @@ inline void to_fp32(const void* src, at::ScalarType t, int64_t n, float* out) {
 #endif
     const at::Half* s = static_cast<const at::Half*>(src);
     for (int64_t k = 0; k < n; ++k) out[k] = static_cast<float>(s[k]);
+  }
+}
+
+// `n` fp32 values stored in one of the ops' dtypes, rounded to nearest even as ATen rounds.
+inline void from_fp32(const float* src, at::ScalarType t, int64_t n, void* out) {
+  if (t == at::kFloat) {
+    std::memcpy(out, src, n * sizeof(float));
+  } else if (t == at::kBFloat16) {
+    uint16_t* o = static_cast<uint16_t*>(out);
+    for (int64_t k = 0; k < n; ++k) {  // branch-free, so that the compiler vectorizes it
+      uint32_t bits;
+      std::memcpy(&bits, src + k, 4);
+      const uint16_t rounded = uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      o[k] = src[k] != src[k] ? uint16_t(0x7FC0) : rounded;  // NaN: c10's quiet NaN
+    }
+  } else {
+#if defined(__x86_64__)
+    if (has_f16c()) return fp32_to_half_f16c(src, n, static_cast<uint16_t*>(out));
+#endif
+    at::Half* o = static_cast<at::Half*>(out);
+    for (int64_t k = 0; k < n; ++k) o[k] = at::Half(src[k]);
   }
 }
 
