@@ -405,7 +405,6 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
     if (takes_fp16_parts(plan.tile, dtype)) tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
     with_tile_storage(plan.tile, p, dtype, [&](auto s, const FwdParams&, DType t) {
       using DT = decltype(s);
-      using Stream = TileShape<Tile::kWgmmaStream, DT>;
       if (plan.tile == Tile::kWgmmaBlock) tc.d_tma = encode_rows(tc.d, tc.dim, t, TileShape<Tile::kWgmmaBlock, DT>::BN, tc.d_tmap);
       // The stream tiles take a padded document's first tile and a padded query's rows by TMA
       // (StageLoader::start): a cheaper block start. The deep-stream tile's blocks are long, so
@@ -413,10 +412,11 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       // queries as they go. No document map where a padded document cannot fill the first tile
       // (the kernel copies those): each map is host work on every call.
       if (plan.tile == Tile::kWgmmaStream || (plan.tile == Tile::kWgmmaDeepStream && fast_dram(dev))) {
-        tc.d_tma = p.d.offsets == nullptr && p.d.pad_len >= Stream::BN &&
-                   encode_rows(tc.d, tc.dim, t, Stream::BN, tc.d_tmap);
+        const TileDims box = tile_dims(plan.tile);
+        tc.d_tma = p.d.offsets == nullptr && p.d.pad_len >= box.cols &&
+                   encode_rows(tc.d, tc.dim, t, box.cols, tc.d_tmap);
         tc.q_tma = p.q.offsets == nullptr && p.pairs.layout != kPairs && plan.grid.qpb == 1 &&
-                   encode_rows(tc.q, tc.dim, t, Stream::BM, tc.q_tmap);
+                   encode_rows(tc.q, tc.dim, t, box.rows, tc.q_tmap);
       }
       storage_launch<DT>(tc, plan, t, stream);
     });

@@ -144,6 +144,7 @@ void grads(const BwdCall& c, at::Tensor& dq, at::Tensor& dd) {
       if (len > 0) from_fp32(s.acc.data(), own.dtype, len * h, rows);
     }
   });
+  if (!q_shared && !d_shared) return;
   Scratch s = make_scratch();
   for (const bool query_side : {true, false}) {
     if (!(query_side ? q_shared : d_shared)) continue;
