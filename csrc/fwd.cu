@@ -94,7 +94,7 @@ struct TileDims {
 };
 TileDims tile_dims(Tile t) {
   TileDims d;
-  if (t == Tile::kWarpStream) return {32, 32};
+  if (warp_stream(t)) return {32, 32};
   with_tile(t, [&](auto tag) {
     d = {TileShape<decltype(tag)::value, Plain>::BM, TileShape<decltype(tag)::value, Plain>::BN};
   });
@@ -260,6 +260,13 @@ bool warp_stream_takes(const FwdParams& p, Tile tile, int lq, DType dtype, const
          p.pairs.layout != kPairs && p.argmax == nullptr && fits(Tile::kWarpStream, p, dtype, dev);
 }
 
+// Documents of 512+ stored rows on average (ColPali pages) take blocks of four warps: twice the
+// blocks, each with half the documents, so that ragged lengths leave a shorter tail.
+Tile warp_stream_tile(const FwdParams& p) {
+  const bool long_docs = stored_rows(p.d) >= int64_t(512) * std::max(1, p.d.count);
+  return long_docs ? Tile::kWarpStreamFine : Tile::kWarpStream;
+}
+
 // DRAM that gives each SM 30+ GB/s (H200; H100: 25): streaming blocks there wait on their loads'
 // latency and their starts rather than on bandwidth.
 bool fast_dram(const DeviceInfo& dev) { return int64_t(dev.dram_gbps) >= 30 * int64_t(dev.num_sms); }
@@ -269,7 +276,7 @@ void size_grid(Plan& plan, const FwdParams& p, DType dtype, const DeviceInfo& de
   FwdGrid& g = plan.grid;
   const int items = std::max(1, num_items(p));
   const int64_t units = int64_t(g.q_tiles) * items;
-  if (plan.tile == Tile::kWarpStream) {
+  if (warp_stream(plan.tile)) {
     // One wave of blocks of up to 32 documents (its document table is a lane per document).
     const int64_t slots = int64_t(dev.num_sms) * resident(plan.tile, p, dtype);
     g.docs_per_block = static_cast<int>(std::min<int64_t>(32, (units + slots - 1) / slots));
@@ -321,7 +328,7 @@ Plan make_plan(const FwdParams& p, DType dtype, const DeviceInfo& dev) {
     default: plan.grid.q_tiles = plan.grid.m_tiles; break;
   }
   plan.tile = hopper_tile(plan.tile, p, plan.grid, dtype, dev);
-  if (warp_stream_takes(p, plan.tile, lq, dtype, dev)) plan.tile = Tile::kWarpStream;
+  if (warp_stream_takes(p, plan.tile, lq, dtype, dev)) plan.tile = warp_stream_tile(p);
   size_grid(plan, p, dtype, dev);
   return plan;
 }

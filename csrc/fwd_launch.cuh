@@ -11,8 +11,14 @@
 namespace maxsim {
 namespace fwd_detail {
 
-// kWarpStream: warps with private stages over their own runs of the block's documents.
-constexpr int kWarpStreamWarps = 8, kWarpStreamStages = 2;
+// kWarpStream: warps with private stages over their own runs of the block's documents, eight a
+// block; kWarpStreamFine four.
+constexpr int kWarpStreamStages = 2;
+template <typename F>
+void with_warp_stream(Tile tile, F&& f) {
+  if (tile == Tile::kWarpStreamFine) f(std::integral_constant<int, 4>{});
+  else f(std::integral_constant<int, 8>{});
+}
 
 using Plan = FwdPlan;
 
@@ -73,7 +79,7 @@ void with_type(DType dtype, F&& f) {
   else f(__half{});
 }
 
-// Calls f with the tag of a tensor-core tile (kSimt and kWarpStream have none).
+// Calls f with the tag of a tensor-core tile (kSimt and the warp-stream tiles have none).
 template <typename F>
 void with_tile(Tile tile, F&& f) {
   switch (tile) {
@@ -108,10 +114,12 @@ void with_instance(Tile tile, DType dtype, F&& f) {
 template <typename DT>
 int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
   int blocks = 1;
-  if (tile == Tile::kWarpStream) {
+  if (warp_stream(tile)) {
     if constexpr (kIsCodes<DT>)
       with_type(dtype, [&](auto type_tag) {
-        blocks = warp_stream_resident<decltype(type_tag), DT, kWarpStreamWarps, kWarpStreamStages>();
+        with_warp_stream(tile, [&](auto warps) {
+          blocks = warp_stream_resident<decltype(type_tag), DT, warps.value, kWarpStreamStages>();
+        });
       });
     return blocks;
   }
@@ -133,7 +141,10 @@ int storage_resident(Tile tile, const FwdParams& p, DType dtype) {
 template <typename DT>
 size_t storage_smem(Tile tile, const FwdParams& p, DType dtype) {
   size_t bytes = 0;
-  if (tile == Tile::kWarpStream) return kIsCodes<DT> ? WarpStream<kWarpStreamWarps, kWarpStreamStages>::kBytes : 0;
+  if (warp_stream(tile)) {
+    if constexpr (kIsCodes<DT>) with_warp_stream(tile, [&](auto warps) { bytes = WarpStream<warps.value, kWarpStreamStages>::kBytes; });
+    return bytes;
+  }
   with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
     bytes = TileCfg<decltype(type_tag), DT, decltype(tile_tag)::value>::smem_bytes(p.dim);
   });
@@ -142,10 +153,12 @@ size_t storage_smem(Tile tile, const FwdParams& p, DType dtype) {
 
 template <typename DT>
 void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStream_t stream) {
-  if (plan.tile == Tile::kWarpStream) {
+  if (warp_stream(plan.tile)) {
     if constexpr (kIsCodes<DT>)
       with_type(dtype, [&](auto type_tag) {
-        warp_stream_launch<decltype(type_tag), DT, kWarpStreamWarps, kWarpStreamStages>(p, plan.blocks, plan.grid, stream);
+        with_warp_stream(plan.tile, [&](auto warps) {
+          warp_stream_launch<decltype(type_tag), DT, warps.value, kWarpStreamStages>(p, plan.blocks, plan.grid, stream);
+        });
       });
     return;
   }

@@ -24,6 +24,7 @@ const char* tile_name(Tile t) {
     case Tile::kWgmmaDeepStream: return "wgmma_deep";
     case Tile::kMmaCodeStream: return "mma_codes";
     case Tile::kWarpStream: return "warp_stream";
+    case Tile::kWarpStreamFine: return "warp_stream_fine";
   }
   return "?";
 }
@@ -31,7 +32,7 @@ const char* tile_name(Tile t) {
 // Tiles that run only on Hopper (wgmma, or planned there only).
 bool hopper_only(Tile t) {
   return t == Tile::kWgmmaBlock || t == Tile::kWgmmaConverted || t == Tile::kWgmmaStream ||
-         t == Tile::kWgmmaDeepStream || t == Tile::kMmaCodeStream || t == Tile::kWarpStream;
+         t == Tile::kWgmmaDeepStream || t == Tile::kMmaCodeStream || warp_stream(t);
 }
 
 struct Case {
@@ -120,7 +121,7 @@ int main() {
   const DeviceInfo& h100 = devices[3];
   const struct { int at; Tile tile; } want[] = {
       {0, Tile::kWgmmaBlock}, {1, Tile::kMmaBlock}, {2, Tile::kWgmmaDeepStream},
-      {3, Tile::kWgmmaStream}, {8, Tile::kWarpStream}, {10, Tile::kWgmmaConverted},
+      {3, Tile::kWgmmaStream}, {8, Tile::kWarpStreamFine}, {10, Tile::kWgmmaConverted},
       {11, Tile::kWgmmaConverted}, {12, Tile::kWarpStream}, {13, Tile::kMmaCodeStream}};
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
