@@ -96,6 +96,7 @@ def kernel_cases():
         cand = maxsim.QuantizedTokens(long.codes.view(2, 3, 600, 128), long.scale.view(2, 3, 600))
         long_len = torch.tensor([[600, 1, 300], [0, 599, 513]], device="cuda", dtype=torch.int32)
         maxsim.maxsim_with_argmax(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)
+        maxsim.maxsim(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)  # four-warp blocks
         # the wgmma tile's size: codes turned into its register operand on Hopper (with and
         # without argmax: different register budgets)
         big = maxsim.quantize(tokens(70, 1000, 128), fmt)
