@@ -260,11 +260,13 @@ bool warp_stream_takes(const FwdParams& p, Tile tile, int lq, DType dtype, const
          p.pairs.layout != kPairs && p.argmax == nullptr && fits(Tile::kWarpStream, p, dtype, dev);
 }
 
-// Documents of 512+ stored rows on average (ColPali pages) take blocks of four warps: twice the
-// blocks, each with half the documents, so that ragged lengths leave a shorter tail.
+// Documents of 512+ stored rows on average (ColPali pages) whose lengths may differ take blocks
+// of four warps: twice the blocks, each with half the documents, so that ragged lengths leave a
+// shorter tail. Documents all pad_len long keep the eight-warp blocks, which end together.
 Tile warp_stream_tile(const FwdParams& p) {
   const bool long_docs = stored_rows(p.d) >= int64_t(512) * std::max(1, p.d.count);
-  return long_docs ? Tile::kWarpStreamFine : Tile::kWarpStream;
+  const bool ragged = p.d.offsets != nullptr || p.d.lengths != nullptr || p.d.mask != nullptr;
+  return long_docs && ragged ? Tile::kWarpStreamFine : Tile::kWarpStream;
 }
 
 // DRAM that gives each SM 30+ GB/s (H200; H100: 25): streaming blocks there wait on their loads'

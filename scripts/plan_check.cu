@@ -121,12 +121,18 @@ int main() {
   const DeviceInfo& h100 = devices[3];
   const struct { int at; Tile tile; } want[] = {
       {0, Tile::kWgmmaBlock}, {1, Tile::kMmaBlock}, {2, Tile::kWgmmaDeepStream},
-      {3, Tile::kWgmmaStream}, {8, Tile::kWarpStreamFine}, {10, Tile::kWgmmaConverted},
+      {3, Tile::kWgmmaStream}, {8, Tile::kWarpStream}, {10, Tile::kWgmmaConverted},
       {11, Tile::kWgmmaConverted}, {12, Tile::kWarpStream}, {13, Tile::kMmaCodeStream}};
   for (const auto& w : want) {
     const FwdPlan plan = plan_fwd(params(cases[w.at]), DType::kF16, h100);
     expect(plan.tile == w.tile, "not the tile measured fastest on the H100", h100, cases[w.at], plan.tile);
   }
+  // Long 8-bit documents of given lengths (ragged) take the four-warp blocks, full ones the eight.
+  FwdParams ragged = params(cases[8]);
+  ragged.d.lengths = reinterpret_cast<const int*>(g_tokens);  // planning never reads it
+  const FwdPlan fine = plan_fwd(ragged, DType::kF16, h100);
+  expect(fine.tile == Tile::kWarpStreamFine, "ragged long 8-bit documents: not four-warp blocks", h100,
+         cases[8], fine.tile);
   // Short 16-bit documents between four and eight waves of streaming blocks (without a GPU
   // every tile counts as one resident block per SM): one document per block on the H100, one
   // wave of several per block where the DRAM gives each SM 30+ GB/s (the H200: 3201 MHz x
