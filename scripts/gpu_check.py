@@ -523,9 +523,13 @@ def minus_inf_cases():
                 ("warp_stream", ALL, dt, 128, 20, 150, 2, 6, dict(scores, **mask_only)),
                 ("warp_stream", ALL, dt, 128, 20, 150, 2, 6,
                  dict(scores, packed_d=True, masks=True)),
-                # documents of 512+ stored rows on average: four-warp blocks
-                ("warp_stream_fine", GROUPED, dt, 128, 32, 600, 3, 5, dict(scores, masks=True)),
-                ("warp_stream_fine", ALL, dt, 128, 20, 1100, 2, 7,
+                ("warp_stream", ALL, dt, 128, 20, 70, 2, 129, dict(scores, masks=True)),
+                # documents of 512+ stored rows on average, of given lengths: four-warp blocks
+                ("warp_stream_fine", GROUPED, dt, 128, 32, 1100, 2, 3, dict(scores, masks=True)),
+                ("warp_stream_fine", GROUPED, dt, 128, 32, 600, 3, 100,
+                 dict(scores, packed_d=True)),
+                ("warp_stream_fine", ALL, dt, 128, 20, 600, 1, 140, dict(scores, masks=True)),
+                ("warp_stream_fine", ALL, dt, 128, 20, 1100, 1, 150,
                  dict(scores, packed_d=True, masks=True)),
                 ("mma_split", PAIRS, dt, 128, 50, 90, 3, 5, dict(masks=True, codes=fmt)),
                 ("mma_block", PAIRS, dt, 64, 130, 70, 2, 5, scores),

@@ -97,6 +97,9 @@ def kernel_cases():
         long_len = torch.tensor([[600, 1, 300], [0, 599, 513]], device="cuda", dtype=torch.int32)
         maxsim.maxsim_with_argmax(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)
         maxsim.maxsim(tokens(2, 32, 128, dtype=dtype), cand, d_lengths=long_len)  # four-warp blocks
+        pages = maxsim.quantize(tokens(130, 520, 128), fmt)  # all pairs, four-warp blocks
+        page_len = torch.randint(0, 521, (130,), device="cuda")
+        maxsim.maxsim(tokens(1, 32, 128, dtype=dtype), pages, d_lengths=page_len)
         # the wgmma tile's size: codes turned into its register operand on Hopper (with and
         # without argmax: different register budgets)
         big = maxsim.quantize(tokens(70, 1000, 128), fmt)
