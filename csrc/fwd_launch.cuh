@@ -12,7 +12,7 @@ namespace maxsim {
 namespace fwd_detail {
 
 // kWarpStream: warps with private stages over their own runs of the block's documents, eight a
-// block; kWarpStreamFine four.
+// block; kWarpStreamFine four. with_warp_stream calls f with the tile's warp count.
 constexpr int kWarpStreamStages = 2;
 template <typename F>
 void with_warp_stream(Tile tile, F&& f) {
@@ -142,7 +142,8 @@ template <typename DT>
 size_t storage_smem(Tile tile, const FwdParams& p, DType dtype) {
   size_t bytes = 0;
   if (warp_stream(tile)) {
-    if constexpr (kIsCodes<DT>) with_warp_stream(tile, [&](auto warps) { bytes = WarpStream<warps.value, kWarpStreamStages>::kBytes; });
+    if constexpr (kIsCodes<DT>)
+      with_warp_stream(tile, [&](auto warps) { bytes = WarpStream<warps.value, kWarpStreamStages>::kBytes; });
     return bytes;
   }
   with_instance<DT>(tile, dtype, [&](auto type_tag, auto tile_tag) {
@@ -157,7 +158,8 @@ void storage_launch(const FwdParams& p, const Plan& plan, DType dtype, cudaStrea
     if constexpr (kIsCodes<DT>)
       with_type(dtype, [&](auto type_tag) {
         with_warp_stream(plan.tile, [&](auto warps) {
-          warp_stream_launch<decltype(type_tag), DT, warps.value, kWarpStreamStages>(p, plan.blocks, plan.grid, stream);
+          warp_stream_launch<decltype(type_tag), DT, warps.value, kWarpStreamStages>(p, plan.blocks, plan.grid,
+                                                                                    stream);
         });
       });
     return;

@@ -19,11 +19,13 @@ enum class Tile {
   kWgmmaDeepStream,  // kWgmmaStream with four stages, for long padded documents
   kMmaCodeStream,    // mma.sync, 1 x 4 warps over 128-token tiles of 8-bit codes
   kWarpStream,       // warps with private stages, no block barrier per tile (fwd_warp.cuh)
-  kWarpStreamFine,   // kWarpStream in blocks of four warps: twice the blocks, for long documents
+  kWarpStreamFine,   // kWarpStream in blocks of four warps: twice the blocks, for long ragged documents
 };
 
 // The tiles of fwd_warp.cuh.
-__host__ __device__ constexpr bool warp_stream(Tile t) { return t == Tile::kWarpStream || t == Tile::kWarpStreamFine; }
+__host__ __device__ constexpr bool warp_stream(Tile t) {
+  return t == Tile::kWarpStream || t == Tile::kWarpStreamFine;
+}
 
 // The tiles whose blocks own 128 query rows: the compute-bound ones, sized by waves of blocks, and
 // the only ones that may pack several short queries into their rows (FwdGrid::qpb).
