@@ -59,8 +59,16 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
 // d.rows).
 bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
-// int64 index values into int32 ones, saturating at the int32 range (index32.cu).
-void launch_saturate_int32(const int64_t* in, int* out, int64_t n, cudaStream_t stream);
+// int64 index tensors of one call (lengths, offsets, pair ids) into int32 ones, saturating at the
+// int32 range: one launch for all of them (index32.cu).
+struct Int32Copies {
+  static constexpr int kMax = 4;  // a call's index tensors: two token sets and two pair-id lists
+  const int64_t* in[kMax] = {};
+  int* out[kMax] = {};
+  int64_t n[kMax] = {};
+  int count = 0;
+};
+void launch_saturate_int32(const Int32Copies& copies, cudaStream_t stream);
 // Whether the training step's backward can compute the loss itself (p.ce) for scores of `cols`
 // columns: the dQ kernel and the dD row kernel then do the work of launch_ce's two kernels, which
 // a small step pays for in launches. Every dQ block re-reads its query's scores, so only up to

@@ -198,6 +198,52 @@ def test_streaming_tiles(dtype, h, ld):
     assert_exact(*got, *want)
 
 
+# One wave of short documents, several per streaming block (on Hopper the transposed wgmma tile,
+# its first tile and query by TMA): every document scored, and by its own block, eagerly and in
+# CUDA-graph replays with new queries in the same buffers.
+ONE_WAVE = {
+    # name: (queries, candidates per query or 0 for every document, documents, Ld)
+    "rerank_ragged": (32, 50, 1600, 180),
+    "one_tile_docs": (16, 100, 1600, 40),  # documents of at most one tile
+    "allpairs": (3, 0, 700, 100),
+}
+
+
+@pytest.mark.parametrize("case", ONE_WAVE)
+def test_one_wave_of_short_documents_scores_each_once(case):
+    nq, k, nd, ld = ONE_WAVE[case]
+    h = 128
+    Q = values((nq, 32, h), torch.float16, DEVICE, "grid")
+    shape = (nq, k, ld) if k else (nd, ld)
+    D = values((*shape, h), torch.float16, DEVICE, "grid")
+    lengths = torch.randint(0, ld + 1, shape[:-1], device=DEVICE)
+    lengths.view(-1)[:3] = torch.tensor([0, 1, ld])
+    d_mask = random_mask(shape, DEVICE, keep=0.9)
+    past = torch.arange(ld, device=DEVICE) >= lengths[..., None]
+    D = D.masked_fill(past[..., None], float("nan"))  # a read past a length would show
+
+    def step():  # the scores-only kernel and the one with the argmax
+        kw = dict(d_mask=d_mask, d_lengths=lengths, backend="cuda")
+        return (maxsim.maxsim(Q, D, **kw), *maxsim.maxsim_with_argmax(Q, D, **kw))
+
+    layout = dict(layout=GROUPED, group=k) if k else {}
+    want = reference_fwd(
+        Q, D.flatten(0, 1) if k else D, d_lengths=lengths.flatten(),
+        d_mask=d_mask.flatten(0, 1) if k else d_mask, **layout,
+    )
+    scores, *with_argmax = step()
+    assert_exact(scores, None, want[0], None)
+    assert_exact(*with_argmax, *want)
+    graph, captured = capture(step)
+    for _ in range(3):
+        Q.copy_(values(Q.shape, torch.float16, DEVICE, "grid"))  # new queries in the same buffer
+        captured[0].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, eager in zip(captured, step(), strict=True):
+            torch.testing.assert_close(got, eager, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("ld", [200, 1030])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "int8"], ids=str)
 def test_masks_alone_skip_the_padding_after_each_document(dtype, ld):

@@ -257,6 +257,36 @@ def test_ragged_candidates_sharing_blocks(fmt, queries, ld, masks, k, kernel_rou
     check(maxsim.maxsim(qQ, cand, q_mask, c_mask, **kw), None, want)
 
 
+@pytest.mark.parametrize("layout", ["candidates", "allpairs"])
+@pytest.mark.parametrize("queries", ["float16", "int8"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ragged_documents_several_per_streaming_block(fmt, queries, layout, kernel_route):
+    """More ragged documents than streaming blocks (on Hopper, warps splitting each block's
+    tiles): ColPali-like pages of 0 to 1024 rows against their own queries, and 200 documents
+    shared by two queries (all pairs), equal lengths among them. Scores against float64."""
+    nq, k, ld, h = (8, 100, 1024, 128) if layout == "candidates" else (2, 200, 200, 128)
+    n = nq * k if layout == "candidates" else k
+    Q, q_len, q_mask, q_valid = padded(nq, 32, h)
+    d_len = torch.randint(0, ld + 1, (n,), device=DEVICE)
+    d_len[:6] = torch.tensor([0, 1, 32, 33, ld, ld], device=DEVICE)
+    d_valid = prefix(d_len, ld)
+    D = fill_invalid(tokens(n, ld, h).to(DEVICE), d_valid)
+    qQ = maxsim.quantize(Q, "int8") if queries == "int8" else Q.half()
+    qD = maxsim.quantize(D, fmt)
+    if layout == "allpairs":
+        got = maxsim.maxsim(qQ, qD, q_mask, q_lengths=q_len, d_lengths=d_len)
+        check(got, None, reference(qQ, qD, q_valid, d_valid))
+        return
+    cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
+    got = maxsim.maxsim(qQ, cand, q_mask, q_lengths=q_len, d_lengths=d_len.view(nq, k))
+    parts = [
+        reference(qQ[i : i + 1], qD[i * k : (i + 1) * k], q_valid[i : i + 1],
+                  d_valid[i * k : (i + 1) * k])
+        for i in range(nq)
+    ]
+    check(got, None, tuple(torch.cat(p) for p in zip(*parts)))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_nan_in_a_valid_token_makes_its_score_nan(fmt, kernel_route):
     """A NaN scale on a valid token makes its document's score NaN (the max keeps NaN, as

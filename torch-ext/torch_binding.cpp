@@ -66,24 +66,38 @@ maxsim::DType dtype_of(const Tensor& x) {
 }
 
 // int32 copies of a call's int64 index tensors, alive until its launches are queued (the
-// allocator reuses their memory in stream order after that).
-using IndexCopies = std::vector<Tensor>;
+// allocator reuses their memory in stream order after that), filled by one launch (flush) once
+// the call's params are complete.
+struct IndexCopies {
+  std::vector<Tensor> keep;
+  maxsim::Int32Copies pending;
+  void flush() {
+    if (pending.count == 0) return;
+    maxsim::launch_saturate_int32(pending, at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    pending = {};
+  }
+  int* add(const Tensor& wide) {
+    if (pending.count == maxsim::Int32Copies::kMax) flush();
+    Tensor narrow = at::empty(wide.sizes(), wide.options().dtype(at::kInt));
+    const int i = pending.count++;
+    pending.in[i] = wide.data_ptr<int64_t>();
+    pending.out[i] = narrow.data_ptr<int>();
+    pending.n[i] = wide.numel();
+    keep.push_back(narrow);
+    return pending.out[i];
+  }
+};
 
 // Optional index / mask tensors: right dtype, on the device, contiguous. int64 index values are
-// read as an int32 copy, saturated at the int32 range (one small launch; index32.cu).
+// read as an int32 copy, saturated at the int32 range (IndexCopies; index32.cu).
 const int* int_ptr(const OptTensor& t, const char* name, const Tensor& like, IndexCopies& copies) {
   if (!t.has_value()) return nullptr;
   const bool wide = t->scalar_type() == at::kLong;
   TORCH_CHECK(wide || t->scalar_type() == at::kInt, "maxsim: ", name, " must be int32 or int64, got ", t->scalar_type());
   TORCH_CHECK(t->device() == like.device(), "maxsim: ", name, " must be on ", like.device());
   TORCH_CHECK(t->is_contiguous(), "maxsim: ", name, " must be contiguous");
-  if (!wide) return t->data_ptr<int>();
-  Tensor narrow = at::empty(t->sizes(), t->options().dtype(at::kInt));
-  maxsim::launch_saturate_int32(t->data_ptr<int64_t>(), narrow.data_ptr<int>(), t->numel(),
-                                at::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  copies.push_back(narrow);
-  return narrow.data_ptr<int>();
+  return wide ? copies.add(*t) : t->data_ptr<int>();
 }
 const bool* mask_ptr(const OptTensor& t, const char* name, const Tensor& like) {
   if (!t.has_value()) return nullptr;
@@ -232,6 +246,7 @@ void fill_fwd(maxsim::FwdParams& p, const Tensor& q, const Tensor& d, const OptT
   p.q = token_set(q, q_offsets, q_lengths, q_mask, "queries", copies);
   p.d = token_set(d, d_offsets, d_lengths, d_mask, "documents", copies);
   p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape, copies);
+  copies.flush();
   p.dim = static_cast<int>(q.size(-1));
   if (q.dim() == 3) TORCH_CHECK(max_lq == q.size(1), "maxsim: max_lq must equal the padded query length");
   TORCH_CHECK(max_lq >= 0, "maxsim: max_lq must be >= 0");
@@ -361,6 +376,7 @@ maxsim::BwdParams bwd_params(const Tensor& q, const Tensor& d, const OptTensor& 
   p.q = token_set(q, q_offsets, std::nullopt, std::nullopt, "queries", copies);
   p.d = token_set(d, d_offsets, std::nullopt, std::nullopt, "documents", copies);
   p.pairs = pair_map(layout, group, p.q, p.d, pair_q, pair_d, q, shape, copies);
+  copies.flush();
   p.dim = static_cast<int>(q.size(-1));
   return p;
 }
