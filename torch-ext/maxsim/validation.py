@@ -147,6 +147,15 @@ def int32(t: torch.Tensor) -> torch.Tensor:
     return t.clamp(_INT32.min, _INT32.max).to(torch.int32).contiguous()
 
 
+def op_index(t: torch.Tensor) -> torch.Tensor:
+    """Index values as the ops take them: on CUDA int64 as they are (the CUDA op narrows all of
+    a call's in one launch, saturating as :func:`int32` does; the torch path reads them as
+    int64), elsewhere :func:`int32`."""
+    if t.is_cuda and t.dtype == torch.int64:
+        return t if t.is_contiguous() else t.contiguous()
+    return int32(t)
+
+
 def mask(name: str, m, shape: tuple, device: torch.device) -> Optional[torch.Tensor]:
     """A validity mask (True / nonzero = valid) of ``shape`` on ``device``, returned as a
     contiguous bool tensor."""
@@ -173,7 +182,7 @@ def padded(
     if lengths is not None:
         require_index(lengths_name, lengths, lengths_shape or (n,), x.device)
         check_lengths(lengths_name, lengths, width)
-        lengths = int32(lengths).view(n)
+        lengths = op_index(lengths).view(n)
     return TokenSet(x, lengths=lengths, mask=mask(mask_name, m, (n, width), x.device))
 
 
@@ -193,8 +202,8 @@ def packed(
 
 
 def segment_offsets(name: str, offsets, x: torch.Tensor) -> torch.Tensor:
-    """CSR offsets ``[N+1]`` of the packed tokens ``x [T, H]``, returned as int32 (checked
-    where their values are)."""
+    """CSR offsets ``[N+1]`` of the packed tokens ``x [T, H]``, returned as the ops take them
+    (:func:`op_index`; checked where their values are)."""
     require_tensor(name, offsets, "of shape [N+1]")
     shape = offsets.shape
     if len(shape) != 1 or shape[0] < 1:
@@ -204,7 +213,7 @@ def segment_offsets(name: str, offsets, x: torch.Tensor) -> torch.Tensor:
     require_index(name, offsets, shape, x.device)
     if values_checked(offsets):
         _check_offsets(name, offsets, x.shape[0])
-    return int32(offsets)
+    return op_index(offsets)
 
 
 def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device) -> tuple:
@@ -219,7 +228,7 @@ def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device)
         check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
     if values_checked(pair_d):
         check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
-    return int32(pair_q), int32(pair_d)
+    return op_index(pair_q), op_index(pair_d)
 
 
 def integer(name: str, value, low: int = 0, high=None) -> int:
