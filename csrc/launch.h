@@ -62,7 +62,7 @@ void launch_ce(const CeParams& p, cudaStream_t stream);
 // int64 index tensors of one call (lengths, offsets, pair ids) into int32 ones, saturating at the
 // int32 range: one launch for all of them (index32.cu).
 struct Int32Copies {
-  static constexpr int kMax = 4;  // a call's index tensors: two token sets and two pair-id lists
+  static constexpr int kMax = 4;  // a call's index tensors: one per token set, two pair-id lists
   const int64_t* in[kMax] = {};
   int* out[kMax] = {};
   int64_t n[kMax] = {};
