@@ -84,6 +84,16 @@ def grouped(ref, k):
     return tuple(r.view(r.size(0), -1, k, *r.shape[2:])[i, i] for r in ref)
 
 
+def per_query(Q, D, q_valid, d_valid, k):
+    """:func:`grouped` of :func:`reference`, one query at a time (no all-pairs tensor)."""
+    parts = [
+        reference(Q[i : i + 1], D[i * k : (i + 1) * k], q_valid[i : i + 1],
+                  d_valid[i * k : (i + 1) * k])
+        for i in range(q_valid.size(0))
+    ]
+    return tuple(torch.cat(p) for p in zip(*parts))
+
+
 def check(scores, argmax, ref, tol=1e-5):
     want, want_argmax, clear = ref
     assert scores.dtype == torch.float32 and scores.shape == want.shape
@@ -247,12 +257,7 @@ def test_ragged_candidates_sharing_blocks(fmt, queries, ld, masks, k, kernel_rou
     cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
     kw = dict(q_lengths=q_len, d_lengths=d_len.view(nq, k))
     c_mask = None if d_mask is None else d_mask.view(nq, k, ld)
-    parts = [
-        reference(qQ[i : i + 1], qD[i * k : (i + 1) * k], q_valid[i : i + 1],
-                  d_valid[i * k : (i + 1) * k])
-        for i in range(nq)
-    ]
-    want = tuple(torch.cat(p) for p in zip(*parts))
+    want = per_query(qQ, qD, q_valid, d_valid, k)
     check(*maxsim.maxsim_with_argmax(qQ, cand, q_mask, c_mask, **kw), want)
     check(maxsim.maxsim(qQ, cand, q_mask, c_mask, **kw), None, want)
 
@@ -279,12 +284,7 @@ def test_ragged_documents_several_per_streaming_block(fmt, queries, layout, kern
         return
     cand = QuantizedTokens(qD.codes.view(nq, k, ld, h), qD.scale.view(nq, k, ld))
     got = maxsim.maxsim(qQ, cand, q_mask, q_lengths=q_len, d_lengths=d_len.view(nq, k))
-    parts = [
-        reference(qQ[i : i + 1], qD[i * k : (i + 1) * k], q_valid[i : i + 1],
-                  d_valid[i * k : (i + 1) * k])
-        for i in range(nq)
-    ]
-    check(got, None, tuple(torch.cat(p) for p in zip(*parts)))
+    check(got, None, per_query(qQ, qD, q_valid, d_valid, k))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
