@@ -219,8 +219,9 @@ def test_index_tensors_of_the_wrong_size_are_errors():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_int64_index_values_read_as_int32_and_saturated(dtype):
-    # The op reads int64 lengths, offsets and pair ids itself: the same scores as int32, and a
-    # value past the int32 range is out of range (NaN), never wrapped into it.
+    # The op reads int64 lengths, offsets and pair ids itself (lengths in the kernels, the others
+    # as int32 copies): the same scores and gradients as int32, and a value past the int32 range
+    # is out of range (NaN), never wrapped into it.
     wide = 1 << 32
     Q, D = values((3, 32, 128), dtype, DEVICE), values((40, 70, 128), dtype, DEVICE)
     d_len = torch.randint(1, 71, (40,), device=DEVICE, dtype=torch.int32)
@@ -236,10 +237,18 @@ def test_int64_index_values_read_as_int32_and_saturated(dtype):
     q, d = values((60, 64), dtype, DEVICE), values((300, 64), dtype, DEVICE)
     q_off, d_off = i32([0, 20, 45, 60]), i32([0, 50, 120, 121, 200, 300])
     ref, _ = fwd(q, d, q_off=q_off, d_off=d_off, max_lq=25)
-    s, _ = fwd(q, d, q_off=q_off.long(), d_off=d_off.long(), max_lq=25)
+    s, arg = fwd(q, d, q_off=q_off.long(), d_off=d_off.long(), max_lq=25)
     assert torch.equal(s, ref)
+    grad = values(tuple(s.shape), torch.float32, DEVICE)
+    dq_ref, dd_ref = ops().bwd(grad, q, d, arg, q_off, d_off, None, None, ALLPAIRS, 0)
+    dq, dd = ops().bwd(grad, q, d, arg, q_off.long(), d_off.long(), None, None, ALLPAIRS, 0)
+    assert torch.equal(dq, dq_ref) and torch.equal(dd, dd_ref)
     pq, pd = i32([0, 1, 2, 2]), i32([8, 0, 4, 39])
-    ref, _ = fwd(Q, D, pair_q=pq, pair_d=pd, layout=PAIRS)
+    ref, arg = fwd(Q, D, pair_q=pq, pair_d=pd, layout=PAIRS)
+    grad = values(tuple(ref.shape), torch.float32, DEVICE)
+    dq_ref, dd_ref = ops().bwd(grad, Q, D, arg, None, None, pq, pd, PAIRS, 0)
+    dq, dd = ops().bwd(grad, Q, D, arg, None, None, pq.long(), pd.long(), PAIRS, 0)
+    assert torch.equal(dq, dq_ref) and torch.equal(dd, dd_ref)
     wide_pd = pd.long()
     wide_pd[1] = wide  # would wrap to document 0
     s, _ = fwd(Q, D, pair_q=pq.long(), pair_d=wide_pd, layout=PAIRS)
