@@ -411,7 +411,7 @@ def judge(prep, case, out, ref):
 def time_rows(preps, case, device, args, state):
     """Times the prepared rows of one (workload, dtype) in ``args.rounds`` rounds, the
     implementations interleaved in alternating order, so that a slow spell of the host or the
-    GPU falls on all of them alike; then records each one's kernel time."""
+    GPU falls on all of them alike. Kernel times come after the whole run (kernel_times)."""
     rounds = max(1, args.rounds)
     for r in range(rounds):
         order = preps if r % 2 == 0 else preps[::-1]
@@ -434,12 +434,36 @@ def time_rows(preps, case, device, args, state):
         ms = prep.ms
         prep.row.update(ms_p20=percentile(ms, 20), ms_p50=percentile(ms, 50),
                         ms_p80=percentile(ms, 80))
-        if args.kernel_time:
-            try:
-                prep.row["kernel_ms"], prep.row["launches"], _ = kernel_time(prep.fns, device)
-            except Exception as e:  # noqa: BLE001 - a profiler failure must not fail the row
-                prep.notes.append(f"no kernel time: {_short(e)}")
         prep.notes.append(f"{len(ms)} reps in {rounds} rounds, {len(prep.fns)} input sets")
+
+
+def kernel_times(timed, rows, device, l2):
+    """Each timed row's kernel time (kernel_time), in a pass of its own after every back-to-back
+    timing of the run: a torch.profiler session leaves CUPTI attached to the process, and every
+    launch after it costs more (TEARDOWN_CUPTI=1 detaches it, but then the next session hangs).
+    ``timed``: (workload, dtype, impls) whose rows were timed; each is set up again."""
+    by_key = {(r["workload"], r["dtype"], r["impl"]): r for r in rows}
+    for wl, dt, impls in timed:
+        case = None
+        try:
+            case = setup(wl, dt, device, l2_bytes=l2)
+            for impl in impls:
+                row = by_key[(wl.name, dt, impl.name)]
+                try:
+                    fns = [impl.bind(case, s) for s in case.sets]
+                    for i in range(2):
+                        fns[i % len(fns)]()
+                    row["kernel_ms"], row["launches"], _ = kernel_time(fns, device)
+                except Exception as e:  # noqa: BLE001 - a profiler failure must not fail the row
+                    row["note"] = "; ".join(n for n in (row["note"], f"no kernel time: {_short(e)}") if n)
+                finally:
+                    fns = None
+                    free(device)
+        except Exception as e:  # noqa: BLE001 - the rows keep their timings
+            print(f"  {wl.name:<16} {dt:<5} no kernel times: {_short(e)}", flush=True)
+        finally:
+            case = None
+            free(device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -652,7 +676,7 @@ def main(argv=None, extra_impls=None):
     print("ceilings: " + ", ".join(f"{k} {v:,.0f}" for k, v in ceilings.items()))
 
     rows, workloads_meta, state = [], dict(old_workloads), {}
-    skipped = []
+    skipped, timed = [], []
     for wl in chosen:
         late = time.perf_counter() - t_start > args.budget_s
         if wl.sweep and wl.name not in requested and late:
@@ -671,7 +695,7 @@ def main(argv=None, extra_impls=None):
                 ref = case.kind.reference(case.sets[0], case.meta)
                 free(device)
                 floor = floor_ms(case.kind.work(case.params, case.meta, case.dtype), dt, ceilings)
-                preps = []
+                preps, bound = [], []
                 for impl in usable:
                     if not impl.applies(case):
                         continue
@@ -681,16 +705,17 @@ def main(argv=None, extra_impls=None):
                                              f"workloads only"})
                         continue
                     preps.append(prepare_row(case, impl, ref, floor, device, state))
+                    bound.append(impl)
                 t_rows = time.perf_counter()
                 try:
                     time_rows(preps, case, device, args, state)
+                    timed.append((wl, dt, [i for i, p in zip(bound, preps) if p.fns and p.ms]))
                 finally:
                     for prep in preps:
                         row = prep.finish()
                         rows.append(row)
                         print(f"  {wl.name:<16} {dt:<5} {row['impl']:<25} {row['status']:<11} "
-                              f"p50 {fmt(row['ms_p50'], '.4f')} ms  "
-                              f"kernel {fmt(row['kernel_ms'], '.4f')} ms  floor {floor:.4f} ms  "
+                              f"p50 {fmt(row['ms_p50'], '.4f')} ms  floor {floor:.4f} ms  "
                               f"rel_err {fmt(row['rel_err'], '.1e')}  {row['note']}", flush=True)
                     print(f"  timed in {time.perf_counter() - t_rows:.1f}s", flush=True)
             except Exception as e:  # noqa: BLE001 - setup or reference failed: record, go on
@@ -710,6 +735,10 @@ def main(argv=None, extra_impls=None):
             header["elapsed_s"] = round(time.perf_counter() - t_start, 1)
             write_results(out_path, header, rows, base_rows, base)
 
+    if args.kernel_time and device.type == "cuda":
+        t_kernels = time.perf_counter()
+        kernel_times(timed, rows, device, l2)
+        print(f"kernel times in {time.perf_counter() - t_kernels:.1f}s", flush=True)
     header["workloads"] = workloads_meta
     header["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     write_results(out_path, header, rows, base_rows, base)
