@@ -59,8 +59,8 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
 // d.rows).
 bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
-// int64 offsets and pair ids of one call into int32 ones, saturating at the
-// int32 range: one launch for all of them (index32.cu).
+// int64 offsets and pair ids of one call into int32 ones, saturating at the int32 range: one
+// launch for all of them (index32.cu).
 struct Int32Copies {
   static constexpr int kMax = 4;  // a call's: offsets per token set, two pair-id lists
   const int64_t* in[kMax] = {};
