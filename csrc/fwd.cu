@@ -409,7 +409,7 @@ void launch_fwd(const FwdParams& p, const FwdPlan& plan, DType dtype, const Devi
       int* extent = reinterpret_cast<int*>(p.partial + plan.extents_at);
       const int threads = 256, blocks = static_cast<int>((int64_t(p.d.count) * 32 + threads - 1) / threads);
       mask_extent_kernel<<<blocks, threads, 0, stream>>>(p.d.mask, p.d.count, p.d.pad_len, extent);
-      tc.d.lengths = IndexArray{extent, false};
+      tc.d.lengths = extent;
     }
     if (takes_fp16_parts(plan.tile, dtype)) tc = split_fp16_inputs(tc, p.partial + plan.parts_at, stream);
     with_tile_storage(plan.tile, p, dtype, [&](auto s, const FwdParams&, DType t) {

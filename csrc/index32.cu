@@ -1,7 +1,7 @@
-// int64 offsets and pair ids as the int32 the kernels read (lengths they read as they are): one
-// launch in the op itself for all of a call's, instead of two PyTorch ops (a clamp, a
-// conversion) per tensor on the host before it. Values past the int32 range saturate, so they
-// stay out of range (NaN scores) rather than wrap into it.
+// int64 index tensors (lengths, offsets, pair ids) as the int32 the kernels read: one launch in
+// the op itself for all of a call's, instead of two PyTorch ops (a clamp, a conversion) per
+// tensor on the host before it. Values past the int32 range saturate, so they stay out of range
+// (NaN scores) rather than wrap into it.
 #include <algorithm>
 #include <climits>
 #include <cstdint>

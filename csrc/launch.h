@@ -59,10 +59,10 @@ void launch_bwd(const BwdParams& p, DType dtype, const DeviceInfo& dev, cudaStre
 // d.rows).
 bool bwd_sorts_rows(const BwdParams& p);
 void launch_ce(const CeParams& p, cudaStream_t stream);
-// int64 offsets and pair ids of one call into int32 ones, saturating at the int32 range: one
-// launch for all of them (index32.cu).
+// int64 index tensors of one call (lengths, offsets, pair ids) into int32 ones, saturating at the
+// int32 range: one launch for all of them (index32.cu).
 struct Int32Copies {
-  static constexpr int kMax = 4;  // a call's: offsets per token set, two pair-id lists
+  static constexpr int kMax = 4;  // a call's index tensors: one per token set, two pair-id lists
   const int64_t* in[kMax] = {};
   int* out[kMax] = {};
   int64_t n[kMax] = {};

@@ -13,18 +13,6 @@ struct Segment {
   bool ok;            // its id, offsets and length were in range (else empty: its scores are NaN)
 };
 
-// Element i of an index array. An int64 value saturates at the int32 range, so that one past it
-// stays out of range (an empty segment, NaN scores) instead of wrapping into it, as index32.cu's
-// copies do.
-__device__ __forceinline__ int index_at(const IndexArray& a, int64_t i) {
-  // One address and one load for either width (int64: its low word first, little-endian).
-  const int* w = static_cast<const int*>(a.data) + (a.wide ? 2 * i : i);
-  const int lo = w[0];
-  if (!a.wide) return lo;
-  const int hi = w[1];
-  return hi == (lo >> 31) ? lo : (hi >> 31) ^ INT_MAX;  // past the range: INT_MIN or INT_MAX
-}
-
 // Whether 0 <= v < n (n >= 0): one unsigned compare, a negative v wraps past n.
 __device__ __forceinline__ bool index_below(int v, int n) { return unsigned(v) < unsigned(n); }
 
@@ -43,7 +31,7 @@ __device__ __forceinline__ Segment segment_at(const TokenSet& s, int n) {
     g.first_row = g.ok ? begin : 0;
     g.len = g.rows = g.ok ? end - begin : 0;
   } else {
-    const int len = s.lengths != nullptr ? index_at(s.lengths, n) : s.pad_len;
+    const int len = s.lengths != nullptr ? s.lengths[n] : s.pad_len;
     g.first_row = static_cast<int64_t>(n) * s.pad_len;
     g.ok = unsigned(len) <= unsigned(s.pad_len);
     g.len = g.ok ? len : 0;

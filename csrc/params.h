@@ -1,29 +1,10 @@
 // Plain, torch-free descriptions of what a launch works on. Strides are in elements.
 #pragma once
-#include <cstddef>
 #include <cstdint>
-
-#if defined(__CUDACC__)
-#define MAXSIM_HOST_DEVICE __host__ __device__
-#else
-#define MAXSIM_HOST_DEVICE
-#endif
 
 namespace maxsim {
 
 enum Layout : int { kAllPairs = 0, kGrouped = 1, kPairs = 2 };
-
-// An index tensor as the op was given it, int32 or int64, read through index_at (layout.cuh).
-// Padded lengths take it (int64 is PyTorch's default, as mask.sum(-1) gives them), so they need
-// no int32 copy; offsets and pair ids stay int32 (the op narrows int64 ones, index32.cu), as the
-// width test slowed the packed rows' block starts. Compares with nullptr like a pointer.
-struct IndexArray {
-  const void* data = nullptr;
-  bool wide = false;  // int64 elements
-  MAXSIM_HOST_DEVICE constexpr bool operator==(std::nullptr_t) const { return data == nullptr; }
-  MAXSIM_HOST_DEVICE constexpr bool operator!=(std::nullptr_t) const { return data != nullptr; }
-  MAXSIM_HOST_DEVICE constexpr explicit operator bool() const { return data != nullptr; }
-};
 
 // A token set: rows of `dim` values split into segments (one per query or document).
 // Padded: segment n starts at n * seg_stride and spans pad_len rows (lengths[n] of them valid).
@@ -33,7 +14,7 @@ struct TokenSet {
   int64_t row_stride = 0;        // elements between consecutive tokens
   int64_t seg_stride = 0;        // elements between consecutive padded segments
   const int* offsets = nullptr;  // packed only, [count + 1]
-  IndexArray lengths;            // padded only, optional, [count]
+  const int* lengths = nullptr;  // padded only, optional, [count]
   const bool* mask = nullptr;    // optional, one flag per row (padded: [count, pad_len])
   int count = 0;                 // number of segments
   int pad_len = 0;               // padded rows per segment; 0 when packed

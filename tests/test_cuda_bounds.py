@@ -219,9 +219,8 @@ def test_index_tensors_of_the_wrong_size_are_errors():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_int64_index_values_read_as_int32_and_saturated(dtype):
-    # The op reads int64 lengths, offsets and pair ids itself (lengths in the kernels, the others
-    # as int32 copies): the same scores and gradients as int32, and a value past the int32 range
-    # is out of range (NaN), never wrapped into it.
+    # The op reads int64 lengths, offsets and pair ids itself: the same scores and gradients as
+    # int32, and a value past the int32 range is out of range (NaN), never wrapped into it.
     wide = 1 << 32
     Q, D = values((3, 32, 128), dtype, DEVICE), values((40, 70, 128), dtype, DEVICE)
     d_len = torch.randint(1, 71, (40,), device=DEVICE, dtype=torch.int32)

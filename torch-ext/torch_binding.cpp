@@ -89,24 +89,15 @@ struct IndexCopies {
   }
 };
 
-// Optional index / mask tensors: right dtype, on the device, contiguous. int64 offsets and pair
-// ids are read as an int32 copy, saturated at the int32 range (IndexCopies; index32.cu); int64
-// lengths as they are (index_at).
-bool wide_index(const OptTensor& t, const char* name, const Tensor& like) {
+// Optional index / mask tensors: right dtype, on the device, contiguous. int64 index values are
+// read as an int32 copy, saturated at the int32 range (IndexCopies; index32.cu).
+const int* int_ptr(const OptTensor& t, const char* name, const Tensor& like, IndexCopies& copies) {
+  if (!t.has_value()) return nullptr;
   const bool wide = t->scalar_type() == at::kLong;
   TORCH_CHECK(wide || t->scalar_type() == at::kInt, "maxsim: ", name, " must be int32 or int64, got ", t->scalar_type());
   TORCH_CHECK(t->device() == like.device(), "maxsim: ", name, " must be on ", like.device());
   TORCH_CHECK(t->is_contiguous(), "maxsim: ", name, " must be contiguous");
-  return wide;
-}
-const int* int_ptr(const OptTensor& t, const char* name, const Tensor& like, IndexCopies& copies) {
-  if (!t.has_value()) return nullptr;
-  return wide_index(t, name, like) ? copies.add(*t) : t->data_ptr<int>();
-}
-maxsim::IndexArray index_array(const OptTensor& t, const char* name, const Tensor& like) {
-  if (!t.has_value()) return {};
-  const bool wide = wide_index(t, name, like);
-  return {t->data_ptr(), wide};
+  return wide ? copies.add(*t) : t->data_ptr<int>();
 }
 const bool* mask_ptr(const OptTensor& t, const char* name, const Tensor& like) {
   if (!t.has_value()) return nullptr;
@@ -131,7 +122,7 @@ maxsim::TokenSet token_set(const Tensor& x, const OptTensor& offsets, const OptT
     s.pad_len = static_cast<int>(x.size(1));
     s.seg_stride = x.size(1) * dim;
     s.rows = x.size(0) * x.size(1);
-    s.lengths = index_array(lengths, "lengths", x);
+    s.lengths = int_ptr(lengths, "lengths", x, copies);
     // Numbers as strings: the message never goes through an ostream's numeric facet, which has
     // crashed inside a JIT-built extension whose libstdc++ differed from the process's.
     if (s.lengths) TORCH_CHECK(lengths->numel() == s.count, "maxsim: ", name, " lengths must have one entry per segment (", std::to_string(s.count), "), got ", std::to_string(lengths->numel()));
@@ -396,7 +387,7 @@ maxsim::BwdParams bwd_params_of(const maxsim::FwdParams& f) {
   maxsim::BwdParams p;
   p.q = f.q;
   p.d = f.d;
-  p.q.lengths = p.d.lengths = {};
+  p.q.lengths = p.d.lengths = nullptr;
   p.q.mask = p.d.mask = nullptr;
   p.pairs = f.pairs;
   p.dim = f.dim;

@@ -96,7 +96,7 @@ def _plain_parts(
                 check.check_lengths(names[1], d_lengths, d_shape[-2])
         elif check.debug_enabled():
             return None  # the checked path reads their values
-        if not Q.is_cuda:  # the CUDA kernels read int64 lengths as they are (no host op)
+        if not Q.is_cuda:  # the CUDA ops take int64 values as they are (one launch, no host op)
             if q_lengths is not None and q_lengths.dtype != torch.int32:
                 q_lengths = check.int32(q_lengths)
             if d_lengths is not None and d_lengths.dtype != torch.int32:

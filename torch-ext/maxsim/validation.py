@@ -148,9 +148,9 @@ def int32(t: torch.Tensor) -> torch.Tensor:
 
 
 def op_index(t: torch.Tensor) -> torch.Tensor:
-    """Index values as the ops take them: on CUDA int64 as they are (the CUDA kernels read
-    lengths as they are and the op narrows offsets and pair ids in one launch, both saturating
-    as :func:`int32` does; the torch path reads them as int64), elsewhere :func:`int32`."""
+    """Index values as the ops take them: on CUDA int64 as they are (the CUDA op narrows all of
+    a call's in one launch, saturating as :func:`int32` does; the torch path reads them as
+    int64), elsewhere :func:`int32`."""
     if t.is_cuda and t.dtype == torch.int64:
         return t if t.is_contiguous() else t.contiguous()
     return int32(t)
