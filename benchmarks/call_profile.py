@@ -76,6 +76,28 @@ def profiled_call(fns):
     torch.cuda.profiler.stop()
 
 
+def bound_calls(names, impls, dtype_name, dev):
+    """(workload, dtype, impl, fns) for each implementation that takes each workload, its inputs
+    set up once per workload; an implementation that fails to bind is reported and skipped."""
+    for name in names:
+        wl = BY_NAME[name]
+        dtype = dtype_name if dtype_name in wl.dtypes else wl.dtypes[0]
+        case = setup(wl, dtype, dev, l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
+        for impl in impls:
+            if wl.kind not in impl.kinds or not impl.applies(case):
+                continue
+            try:
+                fns = [impl.bind(case, s) for s in case.sets]
+            except Unsupported:
+                continue
+            except Exception as e:  # noqa: BLE001 - a failing peer must not stop the profile
+                print(f"{name:16} {impl.name:26} error: {type(e).__name__}: {str(e)[:80]}")
+                continue
+            yield name, dtype, impl, fns
+        del case
+        torch.cuda.empty_cache()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", help="comma-separated workload names (default: all but sweeps)")
@@ -93,56 +115,43 @@ def main(argv=None):
         impls = [i for i in impls if i.name in args.impl.split(",")]
     impls = [i for i in impls if i.unavailable() is None]
     dev = torch.device("cuda")
-    rows = []
     floor = {} if args.ncu else host_floor()
     for what, us in floor.items():
         print(f"host floor: {what:34} {us:6.1f} us")
-    print(f"{'workload':16} {'impl':26} {'loop us':>8} {'host us':>8}")
+    if args.ncu:
+        for name, _, impl, fns in bound_calls(names, impls, args.dtype, dev):
+            profiled_call(fns)
+            print(f"{name:16} {impl.name:26} profiled one call", flush=True)
+        return 0
     # Kernel times in a second pass: a torch.profiler session slows every later launch of the
     # process (CUPTI stays attached), so no call is timed after one.
-    for gpu_pass in (False, True):
-        if gpu_pass and not args.ncu:
-            print(f"{'workload':16} {'impl':26} {'gpu us':>8} {'launches':>8}")
-        for name in names:
-            wl = BY_NAME[name]
-            dtype = args.dtype if args.dtype in wl.dtypes else wl.dtypes[0]
-            case = setup(wl, dtype, dev, l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
-            for impl in impls:
-                if wl.kind not in impl.kinds or not impl.applies(case):
-                    continue
-                row = next((r for r in rows if r["workload"] == name and r["impl"] == impl.name), None)
-                if gpu_pass and row is None:
-                    continue
-                try:
-                    fns = [impl.bind(case, s) for s in case.sets]
-                    if args.ncu:
-                        profiled_call(fns)
-                        print(f"{name:16} {impl.name:26} profiled one call", flush=True)
-                        continue
-                    if not gpu_pass:
-                        loop = percentile(time_calls(fns, dev, target_s=0.2), 50) * 1e3
-                        host = host_us(fns)
-                    else:
-                        gpu, launches, kern = gpu_us(fns)
-                except Unsupported:
-                    continue
-                except Exception as e:  # noqa: BLE001 - a failing peer must not stop the profile
-                    print(f"{name:16} {impl.name:26} error: {type(e).__name__}: {str(e)[:80]}")
-                    continue
-                if not gpu_pass:
-                    rows.append(dict(workload=name, dtype=dtype, impl=impl.name, loop_us=loop,
-                                     host_us=host))
-                    print(f"{name:16} {impl.name:26} {loop:8.1f} {host:8.1f}", flush=True)
-                    continue
-                row.update(gpu_us=gpu, launches=launches, kernels=kern)
-                print(f"{name:16} {impl.name:26} {gpu:8.1f} {launches:8.1f}", flush=True)
-                if impl.name.startswith("maxsim"):
-                    for k, (n, us) in sorted(kern.items(), key=lambda kv: -kv[1][1]):
-                        print(f"      {us:8.1f} us  x{n:g}  {k}")
-            del case
-            torch.cuda.empty_cache()
-        if args.ncu:
-            break
+    print(f"{'workload':16} {'impl':26} {'loop us':>8} {'host us':>8}")
+    rows = {}
+    for name, dtype, impl, fns in bound_calls(names, impls, args.dtype, dev):
+        try:
+            loop = percentile(time_calls(fns, dev, target_s=0.2), 50) * 1e3
+            host = host_us(fns)
+        except Exception as e:  # noqa: BLE001 - a failing peer must not stop the profile
+            print(f"{name:16} {impl.name:26} error: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        rows[name, impl.name] = dict(workload=name, dtype=dtype, impl=impl.name, loop_us=loop,
+                                     host_us=host)
+        print(f"{name:16} {impl.name:26} {loop:8.1f} {host:8.1f}", flush=True)
+    print(f"{'workload':16} {'impl':26} {'gpu us':>8} {'launches':>8}")
+    for name, _, impl, fns in bound_calls(names, impls, args.dtype, dev):
+        if (name, impl.name) not in rows:
+            continue
+        try:
+            gpu, launches, kern = gpu_us(fns)
+        except Exception as e:  # noqa: BLE001 - the row keeps its host time
+            print(f"{name:16} {impl.name:26} no kernel time: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        rows[name, impl.name].update(gpu_us=gpu, launches=launches, kernels=kern)
+        print(f"{name:16} {impl.name:26} {gpu:8.1f} {launches:8.1f}", flush=True)
+        if impl.name.startswith("maxsim"):
+            for k, (n, us) in sorted(kern.items(), key=lambda kv: -kv[1][1]):
+                print(f"      {us:8.1f} us  x{n:g}  {k}")
+    rows = list(rows.values())
     if args.out:
         Path(args.out).write_text(json.dumps(
             dict(gpu=torch.cuda.get_device_name(), host_floor_us=floor, rows=rows), indent=1))
