@@ -11,12 +11,13 @@ reports how far its resident set grew during the step (ru_maxrss, or psutil wher
 includes allocator slack and is coarser than the CUDA number. So on CPU the ratio column is noisy
 at small batches (a few MiB of allocator pages either way move it 2x) and means something only
 once the naive step's [B, B, Lq, Ld] tensor dwarfs that slack: it then grows with the batch,
-because naive memory grows as B^2 while maxsim's stays near the fallback's budget.
+because naive memory grows as B^2 while maxsim's stays near its budget.
 
-Where the PyTorch fallback runs (CPU, MPS, CUDA without the extension), maxsim scores pairs in
-chunks sized by MAXSIM_TORCH_MEMORY_MB (library default 256): its extra memory grows until it
+Off CUDA (the compiled CPU kernels, the Metal kernels, the PyTorch fallback), maxsim works in
+pieces sized by MAXSIM_TORCH_MEMORY_MB (library default 128): its extra memory grows until it
 reaches that budget and then stays there. `--fallback-mb` sets the budget for this run (default
-16, so that the plateau shows at the small CPU sizes).
+16, so that the plateau shows at the small CPU sizes). The second line printed names the backend
+that runs.
 """
 
 import argparse
@@ -132,6 +133,19 @@ def measure(impl, batch, shape, args):
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
 
 
+def backend_label(device):
+    """What maxsim's dispatch picks for tensors on `device`, and for CPU tensors which loop runs."""
+    ops = maxsim.select_ops(device)
+    if ops is maxsim.dispatch.torch_ops:
+        reason = maxsim.cpu_ops()[1] if device.type == "cpu" else ""
+        return "the PyTorch fallback" + (f" ({reason.splitlines()[0]})" if reason else "")
+    if device.type == "cpu":
+        from maxsim.info import cpu_path
+
+        return f"the compiled CPU kernels ({cpu_path()[1].split(';')[0]})"
+    return {"cuda": "the CUDA kernels", "mps": "the Metal kernels"}.get(device.type, str(ops))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -139,7 +153,7 @@ def main():
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="fp16/bf16 on CUDA only")
     p.add_argument("--quick", action="store_true", help="two small batches")
     p.add_argument("--fallback-mb", type=float, default=16,
-                   help="MAXSIM_TORCH_MEMORY_MB for the PyTorch fallback (default 16)")
+                   help="MAXSIM_TORCH_MEMORY_MB, maxsim's working memory off CUDA (default 16)")
     p.add_argument("--worker", nargs=5, metavar=("IMPL", "B", "LQ", "LD", "H"),
                    help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -155,9 +169,8 @@ def main():
         return
 
     os.environ["MAXSIM_TORCH_MEMORY_MB"] = f"{args.fallback_mb:g}"  # read at call time; inherited
-    backend = "maxsim backend: " + (
-        "the CUDA kernels" if maxsim.select_ops(device) is maxsim.cuda_ops()[0]
-        else f"the PyTorch fallback, MAXSIM_TORCH_MEMORY_MB={args.fallback_mb:g}")
+    backend = (f"maxsim backend: {backend_label(device)}, "
+               f"MAXSIM_TORCH_MEMORY_MB={args.fallback_mb:g}")
 
     if device.type == "cuda":
         shape, batches = (32, 300, 128), [16, 32, 64, 128, 256, 512, 1024]
@@ -170,7 +183,8 @@ def main():
     print(f"device {device}; Lq {lq}, Ld {ld}, H {h}, {args.dtype}; "
           "peak memory one training step adds on top of its inputs")
     print(backend)
-    print(f"{'batch':>6} {'[B,B,Lq,Ld] MiB':>16} {'naive MiB':>10} {'maxsim MiB':>11} {'naive/maxsim':>13}")
+    print(f"{'batch':>6} {'[B,B,Lq,Ld] MiB':>16} {'naive MiB':>10} {'maxsim MiB':>11} "
+          f"{'naive/maxsim':>13}")
     rows = []
     naive_oom = False
     for batch in batches:

@@ -1,6 +1,7 @@
 """What a new user sees first: ``import maxsim`` adds no warning of its own, and a GPU machine
 where the CUDA kernels cannot load says so once, loudly, instead of falling back in silence."""
 
+import os
 import subprocess
 import sys
 import warnings
@@ -53,3 +54,63 @@ def test_no_warning_without_a_gpu(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert dispatch._load_cuda()[0] is None
+
+
+def test_import_does_not_import_dynamo():
+    """torch._dynamo (over a second to import) is for torch.compile, which imports it itself."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {TORCH_EXT!r}); import maxsim; "
+         "print('torch._dynamo' in sys.modules)"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "False"
+
+
+def fake_compiler(folder: Path, name: str) -> Path:
+    """A C++ compiler that tells its version, logs the arguments of every other call (one line a
+    call) and fails it."""
+    script = folder / name
+    script.write_text(
+        f'#!/bin/sh\ncase "$1" in -v|--version|-dump*) echo "{name} 1.0"; exit 0;; esac\n'
+        f'echo "$@" >> {folder / "calls.log"}\nexit 1\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def load_cpu_with(compiler: Path, cache: Path) -> str:
+    """Stderr of a fresh process that looks up the CPU kernels with ``compiler`` as CXX."""
+    env = {k: v for k, v in os.environ.items() if k != "MAXSIM_NO_JIT"}
+    env.update(CXX=str(compiler), TORCH_EXTENSIONS_DIR=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", f"import sys; sys.path.insert(0, {TORCH_EXT!r}); "
+         "import maxsim; ops, why = maxsim.cpu_ops(); assert ops is None, why; print(why)"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def compile_calls(folder: Path) -> int:
+    log = folder / "calls.log"
+    return sum(".cpp" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build serves CPU tensors there")
+def test_failed_cpu_build_warns_once_and_is_not_retried_until_the_compiler_changes(tmp_path):
+    warning = "CPU tensors will take the PyTorch fallback"
+    failing = fake_compiler(tmp_path, "failing-c++")
+    first = load_cpu_with(failing, tmp_path / "cache")
+    assert first.count(warning) == 1, first
+    calls = compile_calls(tmp_path)
+    assert calls > 0, "the first process did not try to build"
+
+    second = load_cpu_with(failing, tmp_path / "cache")
+    assert warning not in second, second
+    assert compile_calls(tmp_path) == calls, "the second process tried the build again"
+
+    other = fake_compiler(tmp_path, "other-c++")
+    third = load_cpu_with(other, tmp_path / "cache")
+    assert third.count(warning) == 1, third
+    assert compile_calls(tmp_path) > calls, "a new compiler did not get its own try"

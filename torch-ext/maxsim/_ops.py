@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -395,7 +396,8 @@ def _load_cpu():
     name = cpu_extension_name(root)
     if _registered(torch, name):
         return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
         return None, "no C++ compiler (c++ on PATH, or CXX)"
     from torch.utils import cpp_extension
 
@@ -405,6 +407,14 @@ def _load_cpu():
     except RuntimeError:
         return None, "ninja not found (pip install ninja)"
     build_dir = _build_dir(torch, name, "cpu")
+    # The folder is keyed on the sources and torch; the marker adds the toolchain. Checked only
+    # while nothing is built, so a loaded build never runs the compiler.
+    marker = build_dir / FAILED_BUILD_MARKER
+    toolchain = None if (build_dir / f"{name}.so").exists() else cpu_toolchain(compiler)
+    if toolchain is not None:
+        earlier = earlier_failure(marker, toolchain)
+        if earlier is not None:
+            return None, earlier
     failed = _compile_once(
         name,
         build_dir,
@@ -416,8 +426,46 @@ def _load_cpu():
         with_cuda=False,
     )
     if failed:
+        if toolchain is not None:
+            marker.write_text(toolchain + "\n" + failed)
+        # Said once per toolchain: later processes find the marker and skip the build quietly.
+        warnings.warn(
+            f"maxsim: CPU tensors will take the PyTorch fallback, not the compiled CPU kernels "
+            f"(not retried until the sources, torch or the compiler change; delete {marker} to "
+            f"retry): {failed}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None, failed
+    marker.unlink(missing_ok=True)
     return getattr(torch.ops, name), f"JIT-built {name} in {build_dir}"
+
+
+FAILED_BUILD_MARKER = "build-failed.txt"
+
+
+def cpu_toolchain(compiler):
+    """One line naming what compiles the CPU extension: the compiler's path, its version line
+    and the flags. A failed build is retried only once this line changes."""
+    try:
+        done = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, errors="replace", timeout=60
+        )
+        version = (done.stdout.strip().splitlines() or [f"exit {done.returncode}"])[0]
+    except (OSError, subprocess.SubprocessError) as exc:
+        version = type(exc).__name__
+    return f"{os.path.realpath(compiler)} | {version} | {' '.join(CPU_CXX_FLAGS)}"
+
+
+def earlier_failure(marker, toolchain):
+    """Why the build failed before with this toolchain (the reason kept in `marker`), or None."""
+    try:
+        kept_toolchain, _, reason = marker.read_text().partition("\n")
+    except OSError:
+        return None
+    if kept_toolchain != toolchain:
+        return None
+    return f"the build failed before with this compiler (delete {marker} to retry): {reason}"
 
 
 def _build_dir(torch, name, tag):

@@ -14,6 +14,13 @@ _DEBUG_KEY = os.environ.encodekey("MAXSIM_DEBUG") if _ENVIRON is not None else N
 _OFF = (None, "", "0", b"", b"0")
 
 
+def _assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result`` without its import of torch._dynamo (over a second
+    at ``import maxsim``): it only sets this attribute, which torch.compile reads when it traces."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def debug_enabled() -> bool:
     """``MAXSIM_DEBUG=1`` turns on the checks that read device values (a device->host sync).
 
@@ -43,7 +50,7 @@ def memory_budget_bytes() -> int:
     return int(megabytes * 2**20)
 
 
-@torch.compiler.assume_constant_result  # read once when torch.compile traces a call
+@_assume_constant_result  # read once when torch.compile traces a call
 def fp32_on_tf32() -> bool:
     """Whether fp32 inputs on CUDA take single-TF32 products (opt-in, about 1e-3 relative) instead
     of the default split-TF32 ones (fp32 accuracy).
