@@ -114,3 +114,16 @@ def test_failed_cpu_build_warns_once_and_is_not_retried_until_the_compiler_chang
     third = load_cpu_with(other, tmp_path / "cache")
     assert third.count(warning) == 1, third
     assert compile_calls(tmp_path) > calls, "a new compiler did not get its own try"
+
+
+def test_tf32_switch_is_marked_constant_as_torch_compile_expects():
+    """settings marks it without importing torch._dynamo: the mark must be the one torch sets."""
+    from maxsim import settings
+
+    def probe():
+        return True
+
+    marked = torch.compiler.assume_constant_result(probe)
+    attributes = {k for k in vars(marked) if k.startswith("_dynamo")}
+    assert attributes == {"_dynamo_marked_constant"}
+    assert settings.fp32_on_tf32._dynamo_marked_constant is True
