@@ -54,7 +54,7 @@ def _cuda_kernel_path(dtype, capability, layout=None):
 
 def backend_plan(ops, reason):
     """{layout: {dtype name: (backend, why)}} for CUDA tensors on this machine (CPU and MPS
-    tensors always take the PyTorch fallback)."""
+    tensors: `cpu_path` and the device line of `info`)."""
     plan = {}
     capability = torch.cuda.get_device_capability() if ops is not None else None
     for layout in LAYOUTS:
@@ -121,7 +121,7 @@ def _print(report, file):
             for line in lines[1:]:
                 print(f"{'':<{width}}  {line}", file=file)
     print(
-        "\nbackend for CUDA tensors, by layout and dtype (CPU tensors: above; MPS: torch fallback):",
+        "\nbackend for CUDA tensors, by layout and dtype (CPU and MPS tensors: above):",
         file=file,
     )
     for layout, by_dtype in report["backends"].items():
