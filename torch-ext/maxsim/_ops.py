@@ -13,6 +13,7 @@ imports nothing from the package, so the build scripts can load it by path befor
 installed.
 """
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -427,7 +428,8 @@ def _load_cpu():
     )
     if failed:
         if toolchain is not None:
-            marker.write_text(toolchain + "\n" + failed)
+            with contextlib.suppress(OSError):  # a read-only cache: warn, retry next process
+                marker.write_text(toolchain + "\n" + failed)
         # Said once per toolchain: later processes find the marker and skip the build quietly.
         warnings.warn(
             f"maxsim: CPU tensors will take the PyTorch fallback, not the compiled CPU kernels "
