@@ -92,7 +92,7 @@ def cuda_build():
 
     archs_spec = os.environ.get("MAXSIM_CUDA_ARCHS", recipe.DEFAULT_ARCHS)
     archs = recipe.parse_archs(archs_spec)
-    name = recipe.extension_name(ROOT)
+    name = recipe.extension_name(ROOT, archs)
     extension = CUDAExtension(
         name=f"maxsim.{name}",
         sources=[str(p.relative_to(ROOT)) for p in recipe.compiled_sources(ROOT)],

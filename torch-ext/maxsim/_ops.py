@@ -16,6 +16,7 @@ installed.
 import functools
 import hashlib
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -111,9 +112,12 @@ def source_hash(root, globs=_SOURCE_GLOBS):
     return digest.hexdigest()[:10]
 
 
-def extension_name(root):
-    """Module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`."""
-    return EXTENSION_PREFIX + source_hash(root)
+def extension_name(root, archs=None):
+    """Module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`;
+    a PTX-only build (emulation) gets its own, e.g. `..._ptx80`, so it never takes another's."""
+    ptx_only = archs and all(a.endswith("+PTX-only") for a in archs)
+    suffix = "_ptx" + "_".join(a.split("+")[0].replace(".", "") for a in archs) if ptx_only else ""
+    return EXTENSION_PREFIX + source_hash(root) + suffix
 
 
 def cpu_extension_name(root):
@@ -122,11 +126,14 @@ def cpu_extension_name(root):
 
 
 def parse_archs(spec):
-    """Split an arch list on spaces, commas or semicolons: "8.0;9.0a+PTX" -> ["8.0", "9.0a+PTX"]."""
+    """Split an arch list on spaces, commas or semicolons: "8.0;9.0a+PTX" -> ["8.0", "9.0a+PTX"].
+    "8.0+PTX-only" is compute_80 PTX without machine code (the emulation builds)."""
     archs = [a for a in re.split(r"[\s,;]+", spec.strip()) if a]
     for arch in archs:
-        if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch):
-            raise ValueError(f"CUDA arch {arch!r}: expected e.g. 8.0, 9.0a or 9.0a+PTX")
+        if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX(-only)?)?", arch):
+            raise ValueError(
+                f"CUDA arch {arch!r}: expected e.g. 8.0, 9.0a, 9.0a+PTX or 8.0+PTX-only"
+            )
     return archs
 
 
@@ -136,10 +143,11 @@ def gencode_flags(archs):
     own GPU; kernels must therefore guard arch-specific code (`__CUDA_ARCH_FEAT_SM90_ALL`)."""
     flags = []
     for arch in archs:
-        cc = arch.removesuffix("+PTX")
+        cc, _, ptx = arch.partition("+")
         num = cc.replace(".", "")
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-        if arch.endswith("+PTX"):
+        if ptx != "PTX-only":
+            flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
             plain = num.rstrip("af")
             flags.append(f"-gencode=arch=compute_{plain},code=compute_{plain}")
     return flags
@@ -150,9 +158,10 @@ def kernels_archs(archs):
     "9.0a" runs on 9.0 only; "9.0+PTX" on 9.0 and newer."""
     out = []
     for arch in archs:
-        cc = arch.removesuffix("+PTX")
-        out.append(cc)
-        if arch.endswith("+PTX"):
+        cc, _, ptx = arch.partition("+")
+        if ptx != "PTX-only":
+            out.append(cc)
+        if ptx:
             out.append(cc.rstrip("af") + "+PTX")
     return out
 
@@ -162,13 +171,15 @@ def runs_on(archs, capability):
     runs on its own major version at the same or a higher minor, "a" code only on its exact GPU,
     PTX on its capability and anything newer."""
     for arch in archs:
-        cc = arch.removesuffix("+PTX")
+        cc, _, ptx = arch.partition("+")
         major, minor = (int(x) for x in cc.rstrip("af").split("."))
-        if cc.endswith("a") and capability == (major, minor):
+        if ptx == "PTX-only":
+            pass
+        elif cc.endswith("a") and capability == (major, minor):
             return True
-        if not cc.endswith("a") and capability[0] == major and capability[1] >= minor:
+        elif not cc.endswith("a") and capability[0] == major and capability[1] >= minor:
             return True
-        if arch.endswith("+PTX") and capability >= (major, minor):
+        if ptx and capability >= (major, minor):
             return True
     return False
 
@@ -266,8 +277,22 @@ def _load_once(load, what):
 def _load_cached(load, what):
     try:
         return load()
+    except _emulation().EmulationRefused:
+        raise  # a test device that cannot run what it claims must fail the run, not fall back
     except Exception as exc:  # a broken build must degrade to the fallback, not break import
         return None, f"loading the {what} extension failed: {type(exc).__name__}: {exc}"
+
+
+@functools.cache
+def _emulation():
+    """maxsim/emulation.py (MAXSIM_EMULATE_GPU): through the package, or by path where this file
+    was itself loaded by path."""
+    if __package__:
+        return importlib.import_module(f"{__package__}.emulation")
+    spec = importlib.util.spec_from_file_location("maxsim_emulation", PACKAGE_DIR / "emulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load():
@@ -308,12 +333,13 @@ def _load_shipped(torch, root):
     if info is None:
         return None, "no prebuilt extension in the package"
     name = info.EXTENSION_NAME
-    if root is not None and extension_name(root) != name:
+    archs = parse_archs(info.CUDA_ARCHS)
+    _emulation().check_build(archs, f"the prebuilt {name}")
+    if root is not None and extension_name(root, archs) != name:
         return None, f"the prebuilt {name} is older than the sources beside it"
     built, running = info.TORCH_VERSION.split("+")[0], torch.__version__.split("+")[0]
     if built.split(".")[:2] != running.split(".")[:2]:
         return None, f"the prebuilt {name} was built for torch {built}, this is torch {running}"
-    archs = parse_archs(info.CUDA_ARCHS)
     for i in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(i)
         if not runs_on(archs, (major, minor)):
@@ -347,16 +373,21 @@ def _load_jit(torch, root):
     except RuntimeError:
         return None, "ninja not found (pip install ninja)"
 
-    name = extension_name(root)
+    gpu = _emulation().emulated_gpu()
+    if gpu is not None:  # the emulated GPU's PTX only, JIT-compiled by the driver for this card
+        archs = _emulation().build_archs(gpu)
+    else:
+        archs = sorted(
+            {
+                device_arch(*torch.cuda.get_device_capability(i))
+                for i in range(torch.cuda.device_count())
+            }
+        )
+    name = extension_name(root, archs)
     if _registered(torch, name):
         return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
-    archs = sorted(
-        {
-            device_arch(*torch.cuda.get_device_capability(i))
-            for i in range(torch.cuda.device_count())
-        }
-    )
-    sm = "-".join("sm" + a.replace(".", "") for a in archs)
+    sm = "-".join(("compute" if "PTX" in a else "sm") + a.split("+")[0].replace(".", "")
+                  for a in archs)
 
     build_dir = _build_dir(torch, name, sm)
     failed = _compile_once(
