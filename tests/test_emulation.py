@@ -153,3 +153,32 @@ def test_arch_check_refuses_unknown_names():
                          capture_output=True, text=True, timeout=120,
                          env={"ARCHS": "t4 v100", "PATH": "/usr/bin:/bin"})
     assert out.returncode != 0 and "got v100" in out.stderr
+
+
+def test_blackwell_machine_code_in_the_default_list():
+    archs = _ops.parse_archs(_ops.DEFAULT_ARCHS)
+    flags = _ops.gencode_flags(archs)
+    for num in ("100", "120"):
+        assert f"-gencode=arch=compute_{num},code=sm_{num}" in flags
+    assert "-gencode=arch=compute_90,code=compute_90" in flags  # PTX for GPUs after these
+    assert _ops.runs_on(archs, (10, 0)) and _ops.runs_on(archs, (12, 0))
+    assert _ops.device_arch(10, 0) == "10.0" and _ops.device_arch(12, 0) == "12.0"
+
+
+def test_a_toolkit_without_blackwell_leaves_it_out():
+    known = {"7.5", "8.0", "8.6", "8.9", "9.0"}  # CUDA 12.4's list
+    keep, dropped = _ops.buildable(_ops.parse_archs(_ops.DEFAULT_ARCHS), known)
+    assert dropped == ["10.0", "12.0"] and "9.0a+PTX" in keep
+    assert _ops.buildable(["10.0"], None) == (["10.0"], [])
+    assert _ops.gencode_flags([_ops.NEWER_GPU_FALLBACK]) == [
+        "-gencode=arch=compute_90,code=compute_90"
+    ]
+
+
+def test_toolkit_archs_reads_nvcc(tmp_path):
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\nprintf 'compute_75\\ncompute_90\\ncompute_100\\ncompute_121\\n'\n")
+    nvcc.chmod(0o755)
+    assert _ops.toolkit_archs(tmp_path) == {"7.5", "9.0", "10.0", "12.1"}
+    assert _ops.toolkit_archs(tmp_path / "none") is None

@@ -29,8 +29,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 EXTENSION_PREFIX = "_maxsim_cuda_"
 
 # Architectures of an ahead-of-time build. "X.Ya" is arch-specific (Hopper wgmma); "+PTX" adds
-# portable PTX so that newer GPUs can run the build too.
-DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX"
+# portable PTX so that newer GPUs can run the build too (compute_90: it runs on every GPU from
+# Hopper on). Blackwell (10.0, 12.0) takes the tiles of every GPU but Hopper, as machine code.
+DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX 10.0 12.0"
+# What a GPU newer than the toolkit gets: compute_90 PTX, JIT-compiled by the driver at first use.
+NEWER_GPU_FALLBACK = "9.0+PTX-only"
 
 # Exact arithmetic: no --use_fast_math (it flushes denormals and approximates division). The C++
 # standard is left to torch.utils.cpp_extension: torch's own headers need C++20 from torch 2.10 on.
@@ -187,6 +190,31 @@ def runs_on(archs, capability):
 def device_arch(major, minor):
     """The arch a JIT build targets for a GPU: Hopper gets its arch-specific variant (wgmma)."""
     return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
+def toolkit_archs(home):
+    """The compute capabilities that nvcc at `home` compiles, e.g. {"7.5", ..., "12.0"}, or None
+    where it does not say."""
+    try:
+        out = subprocess.run(
+            [str(Path(home) / "bin" / "nvcc"), "--list-gpu-arch"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = {f"{num[:-1]}.{num[-1]}" for num in re.findall(r"compute_(\d+)", out)}
+    return found or None
+
+
+def buildable(archs, known):
+    """(the archs of `archs` that a toolkit compiling `known` capabilities can build, the rest);
+    `known` None keeps them all. A toolkit before CUDA 12.8 has no sm_100 / sm_120."""
+    if known is None:
+        return list(archs), []
+    keep = [a for a in archs if a.split("+")[0].rstrip("af") in known]
+    return keep, [a for a in archs if a not in keep]
 
 
 def nvcc_flags(archs):
@@ -383,6 +411,9 @@ def _load_jit(torch, root):
                 for i in range(torch.cuda.device_count())
             }
         )
+        archs, newer = buildable(archs, toolkit_archs(home))
+        if newer:  # GPUs this toolkit does not know: the driver JIT-compiles compute_90 PTX
+            archs = sorted(set(archs) | {NEWER_GPU_FALLBACK})
     name = extension_name(root, archs)
     if _registered(torch, name):
         return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
