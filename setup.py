@@ -8,8 +8,9 @@ The package itself is pure Python (torch-ext/maxsim). Two additions:
   ahead of time into the package as maxsim/_maxsim_cuda_<hash>.abi3.so. pip's default isolated
   build has no torch, so this needs `pip install --no-build-isolation .`.
 
-Environment: MAXSIM_CUDA_ARCHS (default "7.5 8.0 8.6 8.9 9.0a+PTX"), MAXSIM_BUILD_CUDA=0 to skip
-the compile, MAX_JOBS for ninja's parallelism.
+Environment: MAXSIM_CUDA_ARCHS (default "7.5 8.0 8.6 8.9 9.0a+PTX 10.0 12.0", less what the
+toolkit cannot compile: sm_100 / sm_120 need CUDA 12.8), MAXSIM_BUILD_CUDA=0 to skip the compile,
+MAX_JOBS for ninja's parallelism.
 """
 
 import importlib.util
@@ -92,7 +93,12 @@ def cuda_build():
 
     archs_spec = os.environ.get("MAXSIM_CUDA_ARCHS", recipe.DEFAULT_ARCHS)
     archs = recipe.parse_archs(archs_spec)
-    name = recipe.extension_name(ROOT)
+    if "MAXSIM_CUDA_ARCHS" not in os.environ:  # the default list: what this toolkit compiles
+        archs, dropped = recipe.buildable(archs, recipe.toolkit_archs(home))
+        if dropped:
+            print(f"maxsim: nvcc {recipe.cuda_version_of(home)} lacks {' '.join(dropped)}: "
+                  "left out")
+    name = recipe.extension_name(ROOT, archs)
     extension = CUDAExtension(
         name=f"maxsim.{name}",
         sources=[str(p.relative_to(ROOT)) for p in recipe.compiled_sources(ROOT)],

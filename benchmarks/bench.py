@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gates import wrong_reason  # noqa: E402
 from impls import REPO, Maxsim, MaxsimAutograd, MaxsimCompat, MaxsimGraph, Naive, TorchFloor  # noqa: E402
+from maxsim.emulation import device_capability  # noqa: E402
 from peers import PEERS  # noqa: E402
 from workloads import BY_NAME, REGISTRY, Unsupported, describe, setup  # noqa: E402
 
@@ -236,7 +237,7 @@ def eight_bit_products(n, device):
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device).t()  # column-major
     products = {"int8": lambda: torch._int_mm(a, b)}
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+    if device.type == "cuda" and device_capability(device) >= (8, 9):
         fa = torch.randn(n, n, device=device).div_(4).to(torch.float8_e4m3fn)
         fb = torch.randn(n, n, device=device).div_(4).to(torch.float8_e4m3fn).t()  # column-major
         one = torch.ones((), device=device)

@@ -58,8 +58,9 @@ def variant_name(torch):
     return f"torch{major}{minor}-{abi}-{cuda}-{platform.machine()}-{platform.system().lower()}"
 
 
-def hub_extension_name(root, cpu=False):
-    return (recipe.cpu_extension_name(root) if cpu else recipe.extension_name(root)) + "_hub"
+def hub_extension_name(root, cpu=False, archs=None):
+    """A PTX-only arch list (an emulation build, "8.0+PTX-only") gets a name of its own."""
+    return (recipe.cpu_extension_name(root) if cpu else recipe.extension_name(root, archs)) + "_hub"
 
 
 def build_config():
@@ -82,17 +83,20 @@ def metadata(name, archs):
     }
 
 
-def ops_module(name, cpu=False):
+def ops_module(name, cpu=False, archs=()):
     if cpu:
         cuda_body = 'return None, "a CPU-only kernels-hub build"'
     else:
-        cuda_body = (f'if not torch.cuda.is_available():\n        return None, "no GPU is visible to '
+        # MAXSIM_EMULATE_GPU refuses a build without exactly that GPU's PTX (maxsim/emulation.py)
+        cuda_body = (f'check_build({list(archs)!r}, "the bundled {name}")\n    '
+                     f'if not torch.cuda.is_available():\n        return None, "no GPU is visible to '
                      f'torch"\n    return ops, "bundled {name} (kernels-hub build)"')
     return f'''"""The extension bundled with this kernels-hub build (from build_variant.py)."""
 
 import torch
 
 from . import {name}  # noqa: F401  (importing it registers the ops)
+from .emulation import check_build  # noqa: F401
 
 ops = torch.ops.{name}
 
@@ -225,7 +229,7 @@ def lay_out(variant_dir, name, archs, so_path):
         (variant_dir / rel).write_text(
             init_with_ops_import(text) if rel.as_posix() == "__init__.py" else text
         )
-    (variant_dir / "_ops.py").write_text(ops_module(name, cpu=archs is None))
+    (variant_dir / "_ops.py").write_text(ops_module(name, cpu=archs is None, archs=archs or ()))
     shutil.copy2(so_path, variant_dir / f"{name}.abi3.so")
     (variant_dir / "metadata.json").write_text(json.dumps(metadata(name, archs), indent=2) + "\n")
     (variant_dir / "maxsim").mkdir(exist_ok=True)
@@ -237,7 +241,8 @@ def main():
     parser.add_argument(
         "--archs",
         default=os.environ.get("MAXSIM_CUDA_ARCHS", recipe.DEFAULT_ARCHS),
-        help="CUDA archs, e.g. '8.0 9.0a+PTX' (default: %(default)s)",
+        help="CUDA archs, e.g. '8.0 9.0a+PTX', or '8.0+PTX-only' (emulation: docs/ARCHITECTURE.md) "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "build", help="folder holding the variant"
@@ -261,7 +266,7 @@ def main():
         sys.exit(f"no sources under {ROOT} (csrc/*.cu, torch-ext/torch_binding.cpp)")
     cpu = torch.version.cuda is None  # a CPU-only torch builds the CPU variant
     archs = None if cpu else archs
-    name = hub_extension_name(ROOT, cpu=cpu)
+    name = hub_extension_name(ROOT, cpu=cpu, archs=archs)
     variant = variant_name(torch)
     so_path = compile_in_child(name, archs, args.out / ".objects" / name)
     lay_out(args.out / variant, name, archs, so_path)

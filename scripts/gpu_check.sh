@@ -4,7 +4,7 @@
 #
 #   [BENCH_ARGS=...] bash scripts/gpu_check.sh [stage ...]
 #                                             stages: check test integ bench hub profile ncu
-#                                             ncu_rerank sanitize fuzz
+#                                             ncu_rerank sanitize fuzz archs
 #                                             (default: check test bench)
 #
 # Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
@@ -12,7 +12,9 @@
 # into /tmp/integ and runs those integration tests plus the PyLate training-step timing. The
 # benchmark takes its commit from MAXSIM_COMMIT / MAXSIM_DIRTY when set (a copied tree's .git
 # may be stale). The exit status is non-zero when any stage's test run, check, benchmark or
-# sanitizer failed, whatever pipes its output goes through.
+# sanitizer failed, whatever pipes its output goes through. `archs` runs check, the CUDA tests,
+# memcheck and maxsim-vs-naive kernel times per emulated GPU (ARCHS="t4 a100 a10g l4 b200
+# rtx5090" selects; scripts/arch_check.py) into $OUT/archs.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim_out}
@@ -111,7 +113,8 @@ for stage in "${stages[@]}"; do
       MAXSIM_DEBUG=1 python3 scripts/sanitize_cases.py --only-fuzz 2>&1 | tail -n 30 \
         | tee -a "$OUT/fuzz.log"
       ran "fuzz corpus (MAXSIM_DEBUG=1)" ;;
-    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz)"; status=2 ;;
+    archs) python3 scripts/arch_check.py --out "$OUT" 2>&1 | tee "$OUT/archs.log"; ran "arch_check.py" ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz archs)"; status=2 ;;
   esac
   echo "::: $stage took $((SECONDS - start)) s"
 done

@@ -71,7 +71,7 @@ def test_metadata_has_the_fields_kernels_requires():
     assert meta["python-depends"] == []
     assert meta["backend"] == {
         "type": "cuda",
-        "archs": ["7.5", "8.0", "8.6", "8.9", "9.0a", "9.0+PTX"],
+        "archs": ["7.5", "8.0", "8.6", "8.9", "9.0a", "9.0+PTX", "10.0", "12.0"],
     }
 
 

@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 from conftest import capture, fill_invalid, offsets_of, prefix, random_lengths, random_mask
 from maxsim import QuantizedTokens
+from maxsim.emulation import device_capability
 from maxsim.layouts import ALLPAIRS
 from maxsim.quantize import scaled_operands
 
 CUDA_OK = (
     torch.cuda.is_available()
     and maxsim.cuda_ops()[0] is not None
-    and torch.cuda.get_device_capability() >= (8, 0)
+    and device_capability() >= (8, 0)
 )
 pytestmark = [
     pytest.mark.cuda,

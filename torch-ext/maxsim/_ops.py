@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -30,8 +31,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 EXTENSION_PREFIX = "_maxsim_cuda_"
 
 # Architectures of an ahead-of-time build. "X.Ya" is arch-specific (Hopper wgmma); "+PTX" adds
-# portable PTX so that newer GPUs can run the build too.
-DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX"
+# portable PTX so that newer GPUs can run the build too (compute_90: it runs on every GPU from
+# Hopper on). Blackwell (10.0, 12.0) takes the tiles of every GPU but Hopper, as machine code.
+DEFAULT_ARCHS = "7.5 8.0 8.6 8.9 9.0a+PTX 10.0 12.0"
+# What a GPU newer than the toolkit gets: compute_90 PTX, JIT-compiled by the driver at first use.
+NEWER_GPU_FALLBACK = "9.0+PTX-only"
 
 # Exact arithmetic: no --use_fast_math (it flushes denormals and approximates division). The C++
 # standard is left to torch.utils.cpp_extension: torch's own headers need C++20 from torch 2.10 on.
@@ -113,9 +117,12 @@ def source_hash(root, globs=_SOURCE_GLOBS):
     return digest.hexdigest()[:10]
 
 
-def extension_name(root):
-    """Module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`."""
-    return EXTENSION_PREFIX + source_hash(root)
+def extension_name(root, archs=None):
+    """Module and op-namespace name of a build of these sources, e.g. `_maxsim_cuda_1a2b3c4d5e`;
+    a PTX-only build (emulation) gets its own, e.g. `..._ptx80`, so it never takes another's."""
+    ptx_only = archs and all(a.endswith("+PTX-only") for a in archs)
+    suffix = "_ptx" + "_".join(a.split("+")[0].replace(".", "") for a in archs) if ptx_only else ""
+    return EXTENSION_PREFIX + source_hash(root) + suffix
 
 
 def cpu_extension_name(root):
@@ -124,11 +131,14 @@ def cpu_extension_name(root):
 
 
 def parse_archs(spec):
-    """Split an arch list on spaces, commas or semicolons: "8.0;9.0a+PTX" -> ["8.0", "9.0a+PTX"]."""
+    """Split an arch list on spaces, commas or semicolons: "8.0;9.0a+PTX" -> ["8.0", "9.0a+PTX"].
+    "8.0+PTX-only" is compute_80 PTX without machine code (the emulation builds)."""
     archs = [a for a in re.split(r"[\s,;]+", spec.strip()) if a]
     for arch in archs:
-        if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch):
-            raise ValueError(f"CUDA arch {arch!r}: expected e.g. 8.0, 9.0a or 9.0a+PTX")
+        if not re.fullmatch(r"\d+\.\d+[af]?(\+PTX(-only)?)?", arch):
+            raise ValueError(
+                f"CUDA arch {arch!r}: expected e.g. 8.0, 9.0a, 9.0a+PTX or 8.0+PTX-only"
+            )
     return archs
 
 
@@ -138,10 +148,11 @@ def gencode_flags(archs):
     own GPU; kernels must therefore guard arch-specific code (`__CUDA_ARCH_FEAT_SM90_ALL`)."""
     flags = []
     for arch in archs:
-        cc = arch.removesuffix("+PTX")
+        cc, _, ptx = arch.partition("+")
         num = cc.replace(".", "")
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-        if arch.endswith("+PTX"):
+        if ptx != "PTX-only":
+            flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
             plain = num.rstrip("af")
             flags.append(f"-gencode=arch=compute_{plain},code=compute_{plain}")
     return flags
@@ -152,9 +163,10 @@ def kernels_archs(archs):
     "9.0a" runs on 9.0 only; "9.0+PTX" on 9.0 and newer."""
     out = []
     for arch in archs:
-        cc = arch.removesuffix("+PTX")
-        out.append(cc)
-        if arch.endswith("+PTX"):
+        cc, _, ptx = arch.partition("+")
+        if ptx != "PTX-only":
+            out.append(cc)
+        if ptx:
             out.append(cc.rstrip("af") + "+PTX")
     return out
 
@@ -164,13 +176,15 @@ def runs_on(archs, capability):
     runs on its own major version at the same or a higher minor, "a" code only on its exact GPU,
     PTX on its capability and anything newer."""
     for arch in archs:
-        cc = arch.removesuffix("+PTX")
+        cc, _, ptx = arch.partition("+")
         major, minor = (int(x) for x in cc.rstrip("af").split("."))
-        if cc.endswith("a") and capability == (major, minor):
+        if ptx == "PTX-only":
+            pass
+        elif cc.endswith("a") and capability == (major, minor):
             return True
-        if not cc.endswith("a") and capability[0] == major and capability[1] >= minor:
+        elif not cc.endswith("a") and capability[0] == major and capability[1] >= minor:
             return True
-        if arch.endswith("+PTX") and capability >= (major, minor):
+        if ptx and capability >= (major, minor):
             return True
     return False
 
@@ -178,6 +192,31 @@ def runs_on(archs, capability):
 def device_arch(major, minor):
     """The arch a JIT build targets for a GPU: Hopper gets its arch-specific variant (wgmma)."""
     return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
+def toolkit_archs(home):
+    """The compute capabilities that nvcc at `home` compiles, e.g. {"7.5", ..., "12.0"}, or None
+    where it does not say."""
+    try:
+        out = subprocess.run(
+            [str(Path(home) / "bin" / "nvcc"), "--list-gpu-arch"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = {f"{num[:-1]}.{num[-1]}" for num in re.findall(r"compute_(\d+)", out)}
+    return found or None
+
+
+def buildable(archs, known):
+    """(the archs of `archs` that a toolkit compiling `known` capabilities can build, the rest);
+    `known` None keeps them all. A toolkit before CUDA 12.8 has no sm_100 / sm_120."""
+    if known is None:
+        return list(archs), []
+    keep = [a for a in archs if a.split("+")[0].rstrip("af") in known]
+    return keep, [a for a in archs if a not in keep]
 
 
 def nvcc_flags(archs):
@@ -268,8 +307,22 @@ def _load_once(load, what):
 def _load_cached(load, what):
     try:
         return load()
+    except _emulation().EmulationRefused:
+        raise  # a test device that cannot run what it claims must fail the run, not fall back
     except Exception as exc:  # a broken build must degrade to the fallback, not break import
         return None, f"loading the {what} extension failed: {type(exc).__name__}: {exc}"
+
+
+@functools.cache
+def _emulation():
+    """maxsim/emulation.py (MAXSIM_EMULATE_GPU): through the package, or by path where this file
+    was itself loaded by path."""
+    if __package__:
+        return importlib.import_module(f"{__package__}.emulation")
+    spec = importlib.util.spec_from_file_location("maxsim_emulation", PACKAGE_DIR / "emulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load():
@@ -310,12 +363,13 @@ def _load_shipped(torch, root):
     if info is None:
         return None, "no prebuilt extension in the package"
     name = info.EXTENSION_NAME
-    if root is not None and extension_name(root) != name:
+    archs = parse_archs(info.CUDA_ARCHS)
+    _emulation().check_build(archs, f"the prebuilt {name}")
+    if root is not None and extension_name(root, archs) != name:
         return None, f"the prebuilt {name} is older than the sources beside it"
     built, running = info.TORCH_VERSION.split("+")[0], torch.__version__.split("+")[0]
     if built.split(".")[:2] != running.split(".")[:2]:
         return None, f"the prebuilt {name} was built for torch {built}, this is torch {running}"
-    archs = parse_archs(info.CUDA_ARCHS)
     for i in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(i)
         if not runs_on(archs, (major, minor)):
@@ -349,16 +403,24 @@ def _load_jit(torch, root):
     except RuntimeError:
         return None, "ninja not found (pip install ninja)"
 
-    name = extension_name(root)
+    gpu = _emulation().emulated_gpu()
+    if gpu is not None:  # the emulated GPU's PTX only, JIT-compiled by the driver for this card
+        archs = _emulation().build_archs(gpu)
+    else:
+        archs = sorted(
+            {
+                device_arch(*torch.cuda.get_device_capability(i))
+                for i in range(torch.cuda.device_count())
+            }
+        )
+        archs, newer = buildable(archs, toolkit_archs(home))
+        if newer:  # GPUs this toolkit does not know: the driver JIT-compiles compute_90 PTX
+            archs = sorted(set(archs) | {NEWER_GPU_FALLBACK})
+    name = extension_name(root, archs)
     if _registered(torch, name):
         return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
-    archs = sorted(
-        {
-            device_arch(*torch.cuda.get_device_capability(i))
-            for i in range(torch.cuda.device_count())
-        }
-    )
-    sm = "-".join("sm" + a.replace(".", "") for a in archs)
+    sm = "-".join(("compute" if "PTX" in a else "sm") + a.split("+")[0].replace(".", "")
+                  for a in archs)
 
     build_dir = _build_dir(torch, name, sm)
     failed = _compile_once(

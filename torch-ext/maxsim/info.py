@@ -10,6 +10,7 @@ import torch
 
 from . import _ops
 from .dispatch import cpu_ops, cuda_ops, metal_ops
+from .emulation import device_capability, emulated_gpu
 
 LAYOUTS = {
     "padded candidates": "maxsim(Q, D[Nq,K,Ld,H]), score_candidates_padded",
@@ -56,7 +57,7 @@ def backend_plan(ops, reason):
     """{layout: {dtype name: (backend, why)}} for CUDA tensors on this machine (CPU and MPS
     tensors: `cpu_path` and the device line of `info`)."""
     plan = {}
-    capability = torch.cuda.get_device_capability() if ops is not None else None
+    capability = device_capability() if ops is not None else None
     for layout in LAYOUTS:
         plan[layout] = {}
         for dtype in DTYPES:
@@ -87,9 +88,11 @@ def info(file=sys.stdout):
     """Collect the report as a dict; print it to ``file`` unless ``file`` is None."""
     ops, reason = cuda_ops()
     if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
+        major, minor = device_capability()
         count = torch.cuda.device_count()
-        device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {count} visible)"
+        emulating = f", emulated on {torch.cuda.get_device_name()}" if emulated_gpu() else ""
+        name = emulated_gpu().name.upper() if emulated_gpu() else torch.cuda.get_device_name()
+        device = f"{name} (sm_{major}{minor}, {count} visible{emulating})"
     elif torch.backends.mps.is_available():
         metal, why = metal_ops()
         device = "Apple MPS (Metal kernels)" if metal else f"Apple MPS (PyTorch fallback: {why})"

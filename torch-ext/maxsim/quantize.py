@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .emulation import device_capability
+
 DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 _LIMIT = {"int8": 127.0, "fp8_e4m3": 448.0}  # largest code magnitude of each format
 
@@ -139,7 +141,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 @functools.lru_cache(maxsize=None)
 def _tensor_cores(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    return device_capability(device) >= (8, 0)
 
 
 def scaled_operands(Q, D, *, normalize: bool, ops):
