@@ -24,7 +24,9 @@ the real tokens, ``2 * batch * 32 * tokens * dim`` / the measured fp16 or int8 r
 floor, the scanned bytes / the measured bandwidth; none for fast-plaid), ``build_s`` (maxsim:
 making the codes; the packed fp16 corpus is the embeddings themselves; fast-plaid: index
 creation and load), ``gpu_mb`` (the index's bytes on the GPU plus the peak working memory of the
-timed calls), ``index_bytes`` (maxsim: bytes held; fast-plaid: its index folder on disk).
+timed calls), ``index_bytes`` (maxsim: bytes held, host memory included; fast-plaid: its index
+folder on disk), ``corpus_bytes`` (the packed fp16 tokens: ``gpu_mb`` is read against it).
+``maxsim-int8-rescore-host`` keeps the fp16 tokens in host memory and only the codes on the GPU.
 
 A selection merges its rows into the output file (same key replaced); the file is rewritten after
 every row, so a run stopped by ``--budget-s`` or a time limit keeps what it measured.
@@ -52,7 +54,7 @@ from bench import git_state, gpu_slug, measure_ceilings  # noqa: E402
 
 CORPORA = {"scifact": 5_183, "fiqa": 57_638, "trec-covid": 171_332, "1m": 1_000_000}
 IMPLS = ("maxsim-fp16", "maxsim-int8", "maxsim-int8x8", "maxsim-int8-rescore",
-         "maxsim-fp16-padded", "fast-plaid", "fast-plaid-recall")
+         "maxsim-int8-rescore-host", "maxsim-fp16-padded", "fast-plaid", "fast-plaid-recall")
 PLAID_SETTINGS = {"fast-plaid": {}, "fast-plaid-recall": {"n_ivf_probe": 32,
                                                            "n_full_scores": 8192}}
 QUERY_TOKENS = 32
@@ -142,14 +144,14 @@ class SearchData:
 
 
 # ----------------------------------------------------------------------------------------------
-# Implementations: build() -> (search(Q) -> ids [Nq, 10] (any device), index_bytes, gpu_bytes)
+# Implementations: build() -> (search(Q) -> ids [Nq, 10] (any device), index bytes, GPU bytes)
 # ----------------------------------------------------------------------------------------------
 
 
 def build_maxsim(impl: str, data: SearchData, dim: int):
     corpus = data.corpus()
     if impl == "maxsim-fp16":
-        return (lambda Q: maxsim.retrieve(Q, corpus, TOP_K)[1]), corpus
+        return (lambda Q: maxsim.retrieve(Q, corpus, TOP_K)[1]), corpus.nbytes, corpus.nbytes
     if impl == "maxsim-fp16-padded":
         width, device = int(data.lengths.max()), data.tokens.device
         padded = torch.zeros((len(data.lengths), width, dim), dtype=torch.float16, device=device)
@@ -160,16 +162,24 @@ def build_maxsim(impl: str, data: SearchData, dim: int):
         def padded_search(Q):
             return maxsim.retrieve(Q, padded, TOP_K, d_lengths=d_lengths)[1]
 
-        return padded_search, held
+        return padded_search, held, held
+    if impl == "maxsim-int8-rescore-host":  # codes on the GPU, fp16 tokens in host memory
+        host = maxsim.Corpus(data.offsets.cpu(), data.tokens.cpu())
+        split = host.with_codes("int8", device=data.tokens.device)
+        on_gpu = split.codes.nbytes + split.offsets.numel() * 8
+        return (lambda Q: maxsim.retrieve(Q, split, TOP_K, rescore=True)[1]), split.nbytes, on_gpu
     with_codes = corpus.with_codes("int8")
     if impl == "maxsim-int8-rescore":
-        return (lambda Q: maxsim.retrieve(Q, with_codes, TOP_K, rescore=True)[1]), with_codes
+        return ((lambda Q: maxsim.retrieve(Q, with_codes, TOP_K, rescore=True)[1]),
+                with_codes.nbytes, with_codes.nbytes)
     codes = with_codes.codes_only()
     if impl == "maxsim-int8":  # fp16 queries against the codes
-        return (lambda Q: maxsim.retrieve(Q, codes, TOP_K)[1]), codes
-    # int8 queries (quantized per call) x int8 codes: the integer tensor cores
-    return (lambda Q: maxsim.retrieve(maxsim.quantize(Q, check_finite=False), codes,
-                                      TOP_K)[1]), codes
+        return (lambda Q: maxsim.retrieve(Q, codes, TOP_K)[1]), codes.nbytes, codes.nbytes
+
+    def int8x8_search(Q):  # int8 queries (quantized per call) x int8 codes: integer tensor cores
+        return maxsim.retrieve(maxsim.quantize(Q, check_finite=False), codes, TOP_K)[1]
+
+    return int8x8_search, codes.nbytes, codes.nbytes
 
 
 def build_plaid(impl: str, data: SearchData, index_dir: Path):
@@ -224,7 +234,7 @@ def floor_ms(impl, batch, tokens, dim, ceilings):
     bytes); None for an approximate index, or without measured ceilings."""
     if not impl.startswith("maxsim") or not ceilings:
         return None
-    int8x8 = impl in ("maxsim-int8x8", "maxsim-int8-rescore")
+    int8x8 = impl in ("maxsim-int8x8", "maxsim-int8-rescore", "maxsim-int8-rescore-host")
     rate = ceilings.get("int8_tops" if int8x8 else "fp16_tflops")
     per_value = 2 if impl in ("maxsim-fp16", "maxsim-fp16-padded") else 1
     scanned = tokens * dim * per_value + (0 if per_value == 2 else 4 * tokens)
@@ -258,9 +268,7 @@ def measure_impl(impl, data, spec, args, ceilings, device, emit):
         search, index_bytes = build_plaid(impl, data, Path(args.index_dir) / f"{name}-{dim}")
         gpu_bytes = None
     else:
-        search, held = build_maxsim(impl, data, dim)
-        index_bytes = held if isinstance(held, int) else held.nbytes
-        gpu_bytes = index_bytes
+        search, index_bytes, gpu_bytes = build_maxsim(impl, data, dim)
     sync(device)
     build_s = time.perf_counter() - t0
     ids = torch.cat([search(data.queries[i:i + 250]).cpu()
@@ -281,7 +289,8 @@ def measure_impl(impl, data, spec, args, ceilings, device, emit):
               "batch": batch, "impl": impl, "qps": batch * 1e3 / p50, "p50_ms": p50,
               "recall_at_10": recall, "hit_at_1": hit,
               "floor_ms": floor_ms(impl, batch, tokens, dim, ceilings), "build_s": build_s,
-              "gpu_mb": (gpu_bytes + work) / 2**20, "index_bytes": index_bytes})
+              "gpu_mb": (gpu_bytes + work) / 2**20, "index_bytes": index_bytes,
+              "corpus_bytes": tokens * dim * 2})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,6 +304,7 @@ def parse_args(argv=None):
     p.add_argument("--dims", default="96,128")
     p.add_argument("--batches", default="1,32,1000")
     p.add_argument("--impls", default="maxsim-fp16,maxsim-int8,maxsim-int8x8,maxsim-int8-rescore,"
+                   "maxsim-int8-rescore-host,"
                    "fast-plaid,fast-plaid-recall", help=f"of {', '.join(IMPLS)}")
     p.add_argument("--queries", type=int, default=1000, help="query set size (>= every batch)")
     p.add_argument("--eval-queries", type=int, default=200, help="queries scored for recall")

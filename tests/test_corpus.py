@@ -136,3 +136,46 @@ def test_bad_input_names_the_argument():
         maxsim.retrieve(torch.randn(1, 2, 8), corpus, 3)
     with pytest.raises(ValueError, match="last dim"):
         maxsim.retrieve(torch.randn(1, 2, 7), corpus, 1)
+
+
+def test_gather_packs_the_chosen_documents():
+    docs = ragged([3, 0, 8, 5, 1, 7], 16, torch.float16, "cpu")
+    corpus = maxsim.Corpus.from_embeddings(docs)
+    ids = torch.tensor([4, 1, 2, 4, 0])
+    tokens, offsets = corpus.gather(ids, "cpu")
+    assert offsets.tolist() == [0, 1, 1, 9, 10, 13]
+    for j, i in enumerate(ids.tolist()):
+        assert torch.equal(tokens[offsets[j]:offsets[j + 1]], docs[i])
+
+
+@pytest.mark.cuda
+def test_codes_on_the_gpu_tokens_in_host_memory():
+    """The scan reads codes on the GPU; only the candidates' tokens are copied for the rescore,
+    which gives the same exact result as a corpus held wholly on the GPU."""
+    docs = ragged([int(n) for n in torch.randint(1, 40, (300,))], 64, torch.float16, "cpu")
+    host = maxsim.Corpus.from_embeddings(docs).with_codes("int8", device="cuda")
+    assert host.tokens.device.type == "cpu" and host.codes.device.type == "cuda"
+    on_gpu = maxsim.Corpus.from_embeddings(docs, device="cuda", codes="int8")
+    Q = values((9, 32, 64), torch.float16, "cuda")
+    scores, ids = maxsim.retrieve(Q, host, 10, rescore=True, chunk_size=64)
+    ref_scores, ref_ids = maxsim.retrieve(Q, on_gpu, 10, rescore=True, chunk_size=64)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=0)
+    exact = reference_scores(Q, docs).gather(1, ids.cpu())
+    torch.testing.assert_close(scores.cpu().double(), exact, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.cuda
+def test_int8_scan_on_cuda_rescored_matches_the_fp16_scan():
+    """Int8 queries x int8 codes (integer tensor cores) over a packed corpus, then exact
+    rescoring: the fp16 scan's top-10 with its scores, where the candidates hold it."""
+    docs = ragged([int(n) for n in torch.randint(8, 300, (2000,))], 96, torch.float16, "cuda")
+    corpus = maxsim.Corpus.from_embeddings(docs, codes="int8")
+    Q = torch.stack([d[torch.randint(0, d.size(0), (32,))] for d in docs[:16]])
+    Q = (Q + 0.3 * torch.randn_like(Q)).half()
+    exact, exact_ids = maxsim.retrieve(Q, corpus.tokens_only(), 10)
+    scores, ids = maxsim.retrieve(Q, corpus, 10, rescore=True, candidates=100)
+    assert torch.equal(ids, exact_ids)
+    torch.testing.assert_close(scores, exact, rtol=1e-5, atol=1e-5)  # pairs vs all-pairs kernel
+    codes_scores, _ = maxsim.retrieve(maxsim.quantize(Q), corpus.codes_only(), 10)
+    assert (codes_scores - exact).abs().max() < 0.05 * exact.abs().max()

@@ -19,7 +19,7 @@ def test_smoke_run_writes_complete_rows(tmp_path):
     search = pytest.importorskip("search")
     out = tmp_path / "search-cpu.json"
     search.main(["--smoke", "--corpora", "fiqa", "--dims", "32", "--batches", "1,4",
-                 "--impls", "maxsim-fp16,maxsim-int8-rescore,maxsim-fp16-padded",
+                 "--impls", "maxsim-fp16,maxsim-int8-rescore-host,maxsim-fp16-padded",
                  "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 6

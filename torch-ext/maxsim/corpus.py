@@ -22,7 +22,9 @@ class Corpus:
 
     Document ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``; an empty document scores 0.
     The offsets are checked once, here, and kept on the host too, so a scan slices chunks of
-    documents without a device sync.
+    documents without a device sync. Codes and tokens may live on different devices (codes on
+    the GPU, tokens in host memory): the scan runs where the codes are, and the rescoring copies
+    only the candidates' tokens over (:meth:`gather`).
     """
 
     def __init__(self, offsets, tokens: Optional[torch.Tensor] = None,
@@ -38,14 +40,10 @@ class Corpus:
         if codes is not None:
             if not isinstance(codes, QuantizedTokens) or codes.dim() != 2:
                 raise TypeError(f"codes: expected QuantizedTokens [T, H], got {codes!r}")
-            if tokens is not None and (
-                codes.shape != tokens.shape or codes.device != tokens.device
-            ):
-                raise ValueError(
-                    f"codes: expected shape {list(tokens.shape)} on {tokens.device} like tokens, "
-                    f"got {list(codes.shape)} on {codes.device}"
-                )
-        side = tokens if tokens is not None else codes.codes
+            if tokens is not None and codes.shape != tokens.shape:
+                raise ValueError(f"codes: expected shape {list(tokens.shape)} like tokens, got "
+                                 f"{list(codes.shape)}")
+        side = codes.codes if codes is not None else tokens
         self.tokens, self.codes = tokens, codes
         self.host_offsets = _checked_offsets(offsets, side.size(0))
         self.offsets = self.host_offsets.to(side.device)
@@ -74,18 +72,21 @@ class Corpus:
             corpus = corpus.with_codes(codes, keep_tokens=keep_tokens)
         return corpus
 
-    def with_codes(self, fmt: str = "int8", *, keep_tokens: bool = True) -> "Corpus":
+    def with_codes(self, fmt: str = "int8", *, keep_tokens: bool = True,
+                   device=None) -> "Corpus":
         """This corpus with 8-bit codes of its tokens, made a slice of tokens at a time (no
-        full-size fp32 copy); ``keep_tokens=False`` drops the float tokens."""
+        full-size fp32 copy) on ``device`` (the tokens' by default), where the codes are kept;
+        ``keep_tokens=False`` drops the float tokens."""
         if self.tokens is None:
             raise ValueError("with_codes: this corpus holds codes only, no tokens to quantize")
         if fmt not in DTYPES:
             raise ValueError(f"fmt: expected one of {sorted(DTYPES)}, got {fmt!r}")
         t, h = self.tokens.shape
-        codes = torch.empty((t, h), dtype=DTYPES[fmt], device=self.device)
-        scale = torch.empty((t,), dtype=torch.float32, device=self.device)
+        device = self.tokens.device if device is None else torch.device(device)
+        codes = torch.empty((t, h), dtype=DTYPES[fmt], device=device)
+        scale = torch.empty((t,), dtype=torch.float32, device=device)
         for start in range(0, t, _QUANTIZE_TOKENS):
-            part = quantize(self.tokens[start:start + _QUANTIZE_TOKENS], fmt)
+            part = quantize(self.tokens[start:start + _QUANTIZE_TOKENS].to(device), fmt)
             codes[start:start + part.codes.size(0)] = part.codes
             scale[start:start + part.codes.size(0)] = part.scale
         return Corpus(self.host_offsets, self.tokens if keep_tokens else None,
@@ -116,11 +117,12 @@ class Corpus:
 
     @property
     def device(self) -> torch.device:
-        return (self.tokens if self.tokens is not None else self.codes.codes).device
+        """Where the scan runs: the codes' device, else the tokens'."""
+        return (self.codes.codes if self.codes is not None else self.tokens).device
 
     @property
     def nbytes(self) -> int:
-        """Bytes held on the device: tokens, codes with their scales, and offsets."""
+        """Bytes held: tokens, codes with their scales, and offsets (wherever each lives)."""
         held = self.offsets.numel() * 8
         if self.tokens is not None:
             held += self.tokens.numel() * self.tokens.element_size()
@@ -138,6 +140,22 @@ class Corpus:
         if use_codes:
             return self.codes.codes[first:last], offsets, self.codes.scale[first:last]
         return self.tokens[first:last], offsets, None
+
+    def gather(self, ids: torch.Tensor, device) -> tuple:
+        """The float tokens of documents ``ids`` (1-D, any device) packed on ``device``:
+        ``(tokens [t, H], offsets [len(ids) + 1])``. One host sync (the ids' lengths)."""
+        if self.tokens is None:
+            raise ValueError("gather: this corpus has no float tokens")
+        ids = ids.to("cpu", torch.int64)
+        lengths = self.host_offsets.diff()[ids]
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        within = torch.arange(int(offsets[-1])) - torch.repeat_interleave(offsets[:-1], lengths)
+        rows = torch.repeat_interleave(self.host_offsets[ids], lengths) + within
+        tokens = self.tokens.index_select(0, rows.to(self.tokens.device))
+        device = torch.device(device)
+        if tokens.device.type == "cpu" and device.type == "cuda":
+            tokens = tokens.pin_memory()  # an asynchronous copy from page-locked memory
+        return tokens.to(device, non_blocking=True), offsets.to(device)
 
     def to(self, device) -> "Corpus":
         codes = None if self.codes is None else QuantizedTokens(

@@ -127,12 +127,17 @@ def _no_candidates(nq, device):
 
 def _merge(best, scores, start, top_k):
     """The running ``(scores, keys)`` top-k merged with a chunk's ``scores [Nq, n]`` of
-    documents ``start .. start + n - 1``."""
-    best_scores, best_keys = best
+    documents ``start .. start + n - 1``: the chunk's own top-k first, so that only ``2 * top_k``
+    candidates per query are concatenated."""
     docs = torch.arange(start, start + scores.size(1), device=scores.device)
-    keys = torch.cat([best_keys, _rank_keys(scores, docs)], dim=1)
+    chunk_keys, position = torch.topk(_rank_keys(scores, docs), min(top_k, scores.size(1)), dim=1)
+    chunk_scores = scores.gather(1, position)
+    best_scores, best_keys = best
+    if best_keys.size(1) == 0:
+        return chunk_scores, chunk_keys
+    keys = torch.cat([best_keys, chunk_keys], dim=1)
     best_keys, position = torch.topk(keys, min(top_k, keys.size(1)), dim=1)
-    return torch.cat([best_scores, scores], dim=1).gather(1, position), best_keys
+    return torch.cat([best_scores, chunk_scores], dim=1).gather(1, position), best_keys
 
 
 def _padded_side(x, m, lengths, side):
@@ -173,13 +178,14 @@ def _two_stage(Q, corpus, top_k, validity, rescore, candidates, chunk_size, back
     return _exact_top_k(q, d, docs, top_k, lq, backend)
 
 
-def _exact_top_k(q, d, docs, top_k, max_lq, backend):
+def _exact_top_k(q, d, docs, top_k, max_lq, backend, pair_docs=None):
     """The exact scores of each query's candidates ``docs [Nq, C]`` (pairs of ids, scored in
-    place: nothing is gathered) and the ``top_k`` of them, ties to the lower document index."""
+    place) and the ``top_k`` of them, ties to the lower document index. ``pair_docs``: the
+    candidates' rows in ``d`` where they differ from ``docs``."""
     nq, count = docs.shape
     # int32 ids, as the op takes them (queries in order: each query's tile loads once)
     pair_q = torch.arange(nq, dtype=torch.int32, device=docs.device).repeat_interleave(count)
-    pair_d = docs.reshape(-1).to(torch.int32)
+    pair_d = (docs if pair_docs is None else pair_docs).reshape(-1).to(torch.int32)
     scores, _ = forward(q, d, PAIRS, pair_q=pair_q, pair_d=pair_d, max_lq=max_lq,
                         want_argmax=False, backend=backend)
     scores = scores.view(nq, count)
@@ -249,9 +255,15 @@ def _scan_packed(Q, corpus, top_k, q_validity, chunk_size, backend):
 
 
 def _rescore_packed(Q, corpus, docs, top_k, q_validity, backend):
-    """The exact top-k among candidates ``docs [Nq, C]`` by the corpus's float tokens."""
+    """The exact top-k among candidates ``docs [Nq, C]`` by the corpus's float tokens; tokens
+    held on another device (host memory) are copied over for the candidates only."""
     Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
-    check.same_space("Q", Q, "corpus", corpus.tokens[:0])
+    tokens, offsets, pair_docs = corpus.tokens, corpus.offsets, None
+    if tokens.device != Q.device:
+        unique, local = torch.unique(docs, return_inverse=True)
+        tokens, offsets = corpus.gather(unique, Q.device)
+        pair_docs = local.view_as(docs)
+    check.same_space("Q", Q, "corpus", tokens[:0])
     q = _padded_side(Q, *q_validity, "q")
-    d = check.TokenSet(corpus.tokens, offsets=check.op_index(corpus.offsets))
-    return _exact_top_k(q, d, docs, top_k, Q.size(1), backend)
+    d = check.TokenSet(tokens, offsets=check.op_index(offsets))
+    return _exact_top_k(q, d, docs, top_k, Q.size(1), backend, pair_docs)
