@@ -28,6 +28,9 @@ timed calls), ``index_bytes`` (maxsim: bytes held, host memory included; fast-pl
 folder on disk), ``corpus_bytes`` (the packed fp16 tokens: ``gpu_mb`` is read against it).
 ``maxsim-int8-rescore-host`` keeps the fp16 tokens in host memory and only the codes on the GPU.
 
+``--memory-mb`` is retrieve's working-memory budget: it sets the documents scored per chunk
+(``budget / (batch * 48 bytes)``), so the peak above the stored index stays near it.
+
 A selection merges its rows into the output file (same key replaced); the file is rewritten after
 every row, so a run stopped by ``--budget-s`` or a time limit keeps what it measured.
 """
@@ -183,22 +186,28 @@ def build_maxsim(impl: str, data: SearchData, dim: int):
 
 
 def build_plaid(impl: str, data: SearchData, index_dir: Path):
-    from fast_plaid import search as plaid_search
+    """fast-plaid's index of ``data`` (built once per corpus and dim, shared by its settings)
+    and a search at ``impl``'s settings: ``(search, bytes on disk, build seconds)``."""
+    if getattr(data, "plaid", None) is None:
+        from fast_plaid import search as plaid_search
 
-    shutil.rmtree(index_dir, ignore_errors=True)
-    device = str(data.tokens.device)
-    docs = list(data.tokens.split(data.lengths.tolist()))
-    plaid = plaid_search.FastPlaid(index=str(index_dir), device=device)
-    plaid.create(documents_embeddings=docs, nbits=4, kmeans_niters=4)
-    del docs
+        t0 = time.perf_counter()
+        shutil.rmtree(index_dir, ignore_errors=True)
+        docs = list(data.tokens.split(data.lengths.tolist()))
+        plaid = plaid_search.FastPlaid(index=str(index_dir), device=str(data.tokens.device))
+        plaid.create(documents_embeddings=docs, nbits=4, kmeans_niters=4)
+        del docs
+        plaid.search(queries_embeddings=data.queries[:1], top_k=TOP_K, show_progress=False)
+        on_disk = sum(p.stat().st_size for p in index_dir.rglob("*") if p.is_file())
+        data.plaid = (plaid, on_disk, time.perf_counter() - t0)
+    plaid, on_disk, build_s = data.plaid
     settings = PLAID_SETTINGS[impl]
 
     def plaid_search_ids(Q):
         found = plaid.search(queries_embeddings=Q, top_k=TOP_K, show_progress=False, **settings)
         return torch.tensor([[d for d, _ in hits] + [-1] * (TOP_K - len(hits)) for hits in found])
 
-    on_disk = sum(p.stat().st_size for p in index_dir.rglob("*") if p.is_file())
-    return plaid_search_ids, on_disk
+    return plaid_search_ids, on_disk, build_s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,18 +274,19 @@ def measure_impl(impl, data, spec, args, ceilings, device, emit):
     base_used = device_used(device)
     t0 = time.perf_counter()
     if impl.startswith("fast-plaid"):
-        search, index_bytes = build_plaid(impl, data, Path(args.index_dir) / f"{name}-{dim}")
-        gpu_bytes = None
+        search, index_bytes, build_s = build_plaid(impl, data,
+                                                   Path(args.index_dir) / f"{name}-{dim}")
+        gpu_bytes = getattr(data, "plaid_gpu_bytes", None)
     else:
         search, index_bytes, gpu_bytes = build_maxsim(impl, data, dim)
-    sync(device)
-    build_s = time.perf_counter() - t0
+        sync(device)
+        build_s = time.perf_counter() - t0
     ids = torch.cat([search(data.queries[i:i + 250]).cpu()
                      for i in range(0, args.eval_queries, 250)])
     if gpu_bytes is None:  # fast-plaid's own placement: what its loaded index added
-        gpu_bytes = max(device_used(device) - base_used,
-                        (torch.cuda.memory_allocated(device) - base_alloc)
-                        if device.type == "cuda" else 0)
+        gpu_bytes = data.plaid_gpu_bytes = max(
+            device_used(device) - base_used,
+            (torch.cuda.memory_allocated(device) - base_alloc) if device.type == "cuda" else 0)
     recall, hit = quality(ids, data.truth_ids, data.source)
     for batch in args.batches:
         if device.type == "cuda":
@@ -315,6 +325,8 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=1e9,
                    help="start no new corpus or implementation after this many seconds")
     p.add_argument("--target-s", type=float, default=1.0, help="timed seconds per row, about")
+    p.add_argument("--memory-mb", type=float, default=1024,
+                   help="retrieve's working-memory budget (MAXSIM_TORCH_MEMORY_MB): chunk size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--index-dir", default="/tmp/search_plaid")
     p.add_argument("--out", default=None, help="default bench_results/search-<gpu>.json")
@@ -351,6 +363,7 @@ def row_key(row):
 
 def main(argv=None):
     args = parse_args(argv)
+    os.environ["MAXSIM_TORCH_MEMORY_MB"] = str(args.memory_mb)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     out = Path(args.out or Path(__file__).resolve().parents[1] / "bench_results"
@@ -359,7 +372,7 @@ def main(argv=None):
     ceilings = measure_ceilings(device, smoke=False) if device.type == "cuda" else {}
     header = {"schema": 1, "gpu": gpu, "commit": commit[:7], "dirty": dirty,
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-              "cuda": torch.version.cuda, "ceilings": ceilings}
+              "cuda": torch.version.cuda, "ceilings": ceilings, "memory_mb": args.memory_mb}
     rows = load_rows(out)
     began = time.perf_counter()
 
