@@ -26,6 +26,9 @@ from pathlib import Path
 from bench_plots import plot_rerank, plot_train_mem
 from fidelity_tables import fidelity_section, fidelity_summary
 from gates import gate_row
+from search_table import MARKERS as SEARCH
+from search_table import PATTERN as SEARCH_FILES
+from search_table import search_section
 
 REPO = Path(__file__).resolve().parent.parent
 START, END = "<!-- BENCH:START -->", "<!-- BENCH:END -->"
@@ -49,6 +52,8 @@ def load_results(results_dir: Path, refused: list | None = None) -> list[tuple[s
     """The bench.py files of ``results_dir`` (others skipped), through :func:`load_results_from`."""
     docs = []
     for path in sorted(results_dir.glob("*.json")):
+        if path.match(SEARCH_FILES):
+            continue  # search.py's rows: their own table (search_table.py)
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
@@ -471,7 +476,7 @@ README_NOTE = (
     "against peers of its own path; a row failing the correctness gate is never a peer). "
     "Shapes, every dtype and implementation, each row's commit: [{page}]({page})._")
 PAGE_TEMPLATE = (f"# Benchmarks\n\n{START}\n{END}\n\n## 8-bit ranking fidelity\n\n"
-                 f"{FIDELITY[0]}\n{FIDELITY[1]}\n")
+                 f"{FIDELITY[0]}\n{FIDELITY[1]}\n\n## Corpus search\n\n{SEARCH[0]}\n{SEARCH[1]}\n")
 
 
 def measured_line(doc) -> str:
@@ -641,6 +646,8 @@ def main(argv=None) -> int:
         text = splice(texts[path], section)
         if tables[path] and FIDELITY[0] in text:
             text = splice(text, tables[path], *FIDELITY)
+        if SEARCH[0] in text:
+            text = splice(text, search_section(args.results), *SEARCH)
         if _write_if_changed(path, text.encode("utf-8")):
             changed.append(path)
     for p in changed:

@@ -4,7 +4,7 @@
 #
 #   [BENCH_ARGS=...] bash scripts/gpu_check.sh [stage ...]
 #                                             stages: check test integ bench hub profile ncu
-#                                             ncu_rerank sanitize fuzz archs
+#                                             ncu_rerank sanitize fuzz archs search
 #                                             (default: check test bench)
 #
 # Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
@@ -114,7 +114,21 @@ for stage in "${stages[@]}"; do
         | tee -a "$OUT/fuzz.log"
       ran "fuzz corpus (MAXSIM_DEBUG=1)" ;;
     archs) python3 scripts/arch_check.py --out "$OUT" 2>&1 | tee "$OUT/archs.log"; ran "arch_check.py" ;;
-    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz archs)"; status=2 ;;
+    search)
+      # Corpus search against fast-plaid: its wheels (.whl/search/) go to /tmp/search only.
+      # SEARCH_ARGS selects (e.g. "--corpora fiqa --dims 96 --budget-s 480"); rows merge into
+      # $OUT/search.json, seeded from bench_results/search-<gpu>.json when SEARCH_SEED names it.
+      if compgen -G ".whl/search/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target /tmp/search .whl/search/*.whl
+        ran "installing .whl/search"
+      fi
+      [ -n "${SEARCH_SEED:-}" ] && [ -f "$SEARCH_SEED" ] && cp "$SEARCH_SEED" "$OUT/search.json"
+      # shellcheck disable=SC2086
+      PYTHONPATH="/tmp/search:$PYTHONPATH" python3 benchmarks/search.py --out "$OUT/search.json" \
+        ${SEARCH_ARGS:-} 2>&1 | tail -n 120 | tee "$OUT/search.log"
+      ran "search.py" ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz archs search)"; status=2 ;;
   esac
   echo "::: $stage took $((SECONDS - start)) s"
 done

@@ -21,6 +21,7 @@ CASES = {
                                    ["03_contrastive_training.png", "03_contrastive_training.json"]),
     "04_memory.py": ([], ["04_memory.png"]),
     "05_quantized_index.py": ([], ["05_quantized_index.png"]),
+    "06_search.py": ([], []),
 }
 
 
@@ -58,6 +59,10 @@ def check_output(name, stdout):
         for fmt in ("int8", "fp8_e4m3"):
             overlap = float(re.search(rf"^{fmt}\s+\S+\s+(\S+)", stdout, re.M).group(1))
             assert overlap >= 0.9, stdout
+    if name == "06_search.py":
+        for line in ("exact scan", "8-bit scan + exact rescore"):
+            recall = float(re.search(re.escape(line) + r".*recall@10 (\S+)", stdout).group(1))
+            assert recall >= 0.95, stdout
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

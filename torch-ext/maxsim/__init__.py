@@ -17,6 +17,7 @@ from .compat import (
     score_pairs_packed_train,
     score_pairs_packed_with_argmax,
 )
+from .corpus import Corpus
 from .dispatch import BACKENDS, cpu_ops, cuda_ops, select_ops
 from .losses import contrastive_loss, contrastive_step
 from .native import MaxSimScorer, maxsim, maxsim_pairs, maxsim_varlen, maxsim_with_argmax
@@ -45,6 +46,7 @@ __all__ = [
     "maxsim_varlen",
     "maxsim_segments",
     "retrieve",
+    "Corpus",
     "MaxSimScorer",
     "contrastive_loss",
     "contrastive_step",

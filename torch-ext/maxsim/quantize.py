@@ -85,12 +85,15 @@ class QuantizedTokens:
                 f"device={self.device}, {self.nbytes:,} bytes)")
 
 
-def quantize(x: torch.Tensor, dtype: str = "int8", dim: int = -1) -> QuantizedTokens:
+def quantize(
+    x: torch.Tensor, dtype: str = "int8", dim: int = -1, *, check_finite: bool = True
+) -> QuantizedTokens:
     """Symmetric per-token quantization of embeddings ``x [..., H]`` along the embedding dim.
 
     ``dtype``: ``"int8"`` (codes in [-127, 127], round to nearest) or ``"fp8_e4m3"`` (codes in
     [-448, 448], torch's float8_e4m3fn rounding). Each token's scale is its largest magnitude over
-    the code limit; an all-zero token gets scale 0 and zero codes. Non-finite values raise.
+    the code limit; an all-zero token gets scale 0 and zero codes. Non-finite values raise, unless
+    ``check_finite=False`` (no device sync; a non-finite token's codes are then unspecified).
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x: expected a float tensor [..., H], got {getattr(x, 'dtype', type(x))}")
@@ -101,7 +104,7 @@ def quantize(x: torch.Tensor, dtype: str = "int8", dim: int = -1) -> QuantizedTo
             f"dim: expected -1 (the embedding dim, last), got {dim} for shape {tuple(x.shape)}"
         )
     xf = x.detach().float()
-    if not bool(torch.isfinite(xf).all()):
+    if check_finite and not bool(torch.isfinite(xf).all()):
         raise ValueError("x: expected finite values, got NaN or inf")
     scale = xf.abs().amax(dim=-1) / _LIMIT[dtype]
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]

@@ -3,9 +3,10 @@
 import torch
 
 from . import validation as check
+from .corpus import Corpus
 from .dispatch import forward, select_ops
 from .layouts import ALLPAIRS, PAIRS
-from .quantize import QuantizedTokens, scaled_operands
+from .quantize import QuantizedTokens, quantize, scaled_operands
 from .settings import memory_budget_bytes
 
 # Bytes per (query, candidate document) while merging: score, key, and their concatenated copies.
@@ -49,25 +50,26 @@ def retrieve(
     per query (default ``min(4 * top_k, Nd)``) and their exact scores against ``rescore`` pick
     the ``top_k``, which are the scores returned (quantized queries are dequantized for it). The
     candidates are scored in place (pairs of query and document ids): nothing is gathered.
+
+    A packed :class:`maxsim.Corpus` (no padding, no ``d_mask`` / ``d_lengths``) is scanned
+    ``chunk_size`` documents at a time on the all-pairs kernels: its float tokens, or its codes
+    when it holds no tokens. With ``rescore=True`` a corpus holding both is searched in two
+    stages: its int8 codes against int8 queries (quantized per call: integer tensor cores)
+    keep ``candidates`` documents per query, which are rescored exactly against its tokens.
     """
+    if isinstance(corpus, Corpus):
+        if d_mask is not None or d_lengths is not None:
+            raise ValueError("d_mask / d_lengths: a Corpus holds only valid tokens; expected None")
+        return _retrieve_packed(Q, corpus, top_k, (q_mask, q_lengths), rescore, candidates,
+                                chunk_size, backend)
     if rescore is not None:
         return _two_stage(Q, corpus, top_k, (q_mask, d_mask, q_lengths, d_lengths), rescore,
                           candidates, chunk_size, backend)
     if candidates is not None:
         raise ValueError("candidates: only used with rescore= (the two-stage search)")
     quantized = isinstance(corpus, QuantizedTokens)
-    scaled = None  # the kernels' scaled operands, worked out on an empty slice of the corpus
-    if (quantized or isinstance(Q, QuantizedTokens)) and isinstance(
-        Q, (torch.Tensor, QuantizedTokens)
-    ):
-        ops = select_ops(Q.device, backend)
-        scaled = scaled_operands(Q, corpus[:0], normalize=False, ops=ops)
-    q_scale = None
-    if scaled is not None:
-        Q, q_scale = scaled[0], scaled[1]
-    elif isinstance(Q, QuantizedTokens):
-        Q = Q.dequantize()
-    codes = quantized and scaled is not None
+    Q, q_scale, scaled = _scan_queries(Q, corpus[:0], backend)
+    codes = quantized and scaled
     if quantized:  # checked through an empty stand-in: nothing is converted up front
         stand_in = corpus.codes[:0] if codes else corpus.codes[:0].float()
         check.embeddings("corpus", stand_in, ("Nd", "Ld", "H"), codes=True)
@@ -86,8 +88,7 @@ def retrieve(
     q = _padded_side(Q, q_mask, q_lengths, "q")._replace(scale=q_scale)
     whole = _padded_side(corpus.codes if quantized else corpus, d_mask, d_lengths, "d")
 
-    best_scores = torch.empty((nq, 0), dtype=torch.float32, device=Q.device)
-    best_keys = torch.empty((nq, 0), dtype=torch.int64, device=Q.device)
+    best = _no_candidates(nq, Q.device)
     for start in range(0, nd, chunk_size):
         stop = min(start + chunk_size, nd)
         chunk, chunk_scale = corpus[start:stop], None
@@ -98,12 +99,45 @@ def retrieve(
         d = check.TokenSet(chunk, lengths=_rows(whole.lengths, start, stop),
                            mask=_rows(whole.mask, start, stop), scale=chunk_scale)
         scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
-        candidates = torch.cat([best_scores, scores], dim=1)
-        docs = torch.arange(start, stop, device=scores.device)
-        keys = torch.cat([best_keys, _rank_keys(scores, docs)], dim=1)
-        best_keys, position = torch.topk(keys, min(top_k, keys.size(1)), dim=1)
-        best_scores = candidates.gather(1, position)
+        best = _merge(best, scores, start, top_k)
+    best_scores, best_keys = best
     return best_scores, _doc_of(best_keys)
+
+
+def _scan_queries(Q, empty_corpus, backend):
+    """``(Q, q_scale, scaled)``: the queries as the kernels take them against ``empty_corpus``
+    (an empty slice of the corpus's tokens or codes); ``scaled`` says whether the call runs on
+    the scaled kernels (8-bit operands kept), else quantized queries come back dequantized."""
+    scaled = None
+    quantized = isinstance(empty_corpus, QuantizedTokens) or isinstance(Q, QuantizedTokens)
+    if quantized and isinstance(Q, (torch.Tensor, QuantizedTokens)):
+        ops = select_ops(Q.device, backend)
+        scaled = scaled_operands(Q, empty_corpus, normalize=False, ops=ops)
+    if scaled is not None:
+        return scaled[0], scaled[1], True
+    if isinstance(Q, QuantizedTokens):
+        Q = Q.dequantize()
+    return Q, None, False
+
+
+def _no_candidates(nq, device):
+    return (torch.empty((nq, 0), dtype=torch.float32, device=device),
+            torch.empty((nq, 0), dtype=torch.int64, device=device))
+
+
+def _merge(best, scores, start, top_k):
+    """The running ``(scores, keys)`` top-k merged with a chunk's ``scores [Nq, n]`` of
+    documents ``start .. start + n - 1``: the chunk's own top-k first, so that only ``2 * top_k``
+    candidates per query are concatenated."""
+    docs = torch.arange(start, start + scores.size(1), device=scores.device)
+    chunk_keys, position = torch.topk(_rank_keys(scores, docs), min(top_k, scores.size(1)), dim=1)
+    chunk_scores = scores.gather(1, position)
+    best_scores, best_keys = best
+    if best_keys.size(1) == 0:
+        return chunk_scores, chunk_keys
+    keys = torch.cat([best_keys, chunk_keys], dim=1)
+    best_keys, position = torch.topk(keys, min(top_k, keys.size(1)), dim=1)
+    return torch.cat([best_scores, chunk_scores], dim=1).gather(1, position), best_keys
 
 
 def _padded_side(x, m, lengths, side):
@@ -139,13 +173,97 @@ def _two_stage(Q, corpus, top_k, validity, rescore, candidates, chunk_size, back
     candidates = check.integer("candidates", candidates, top_k, nd)
     _, docs = retrieve(Q, corpus, candidates, q_mask, d_mask, q_lengths=q_lengths,
                        d_lengths=d_lengths, chunk_size=chunk_size, backend=backend)
-    # int32 ids, as the op takes them (queries in order: each query's tile loads once)
-    pair_q = torch.arange(nq, dtype=torch.int32, device=docs.device).repeat_interleave(candidates)
     q = _padded_side(queries, q_mask, q_lengths, "q")
     d = _padded_side(rescore, d_mask, d_lengths, "d")
-    pair_d = docs.reshape(-1).to(torch.int32)
-    scores, _ = forward(q, d, PAIRS, pair_q=pair_q, pair_d=pair_d, max_lq=lq,
+    return _exact_top_k(q, d, docs, top_k, lq, backend)
+
+
+def _exact_top_k(q, d, docs, top_k, max_lq, backend, pair_docs=None):
+    """The exact scores of each query's candidates ``docs [Nq, C]`` (pairs of ids, scored in
+    place) and the ``top_k`` of them, ties to the lower document index. ``pair_docs``: the
+    candidates' rows in ``d`` where they differ from ``docs``."""
+    nq, count = docs.shape
+    # int32 ids, as the op takes them (queries in order: each query's tile loads once)
+    pair_q = torch.arange(nq, dtype=torch.int32, device=docs.device).repeat_interleave(count)
+    pair_d = (docs if pair_docs is None else pair_docs).reshape(-1).to(torch.int32)
+    scores, _ = forward(q, d, PAIRS, pair_q=pair_q, pair_d=pair_d, max_lq=max_lq,
                         want_argmax=False, backend=backend)
-    scores = scores.view(nq, candidates)
+    scores = scores.view(nq, count)
     best_keys, position = torch.topk(_rank_keys(scores, docs), top_k, dim=1)
     return scores.gather(1, position), _doc_of(best_keys)
+
+def _retrieve_packed(Q, corpus, top_k, q_validity, rescore, candidates, chunk_size, backend):
+    """retrieve over a packed :class:`Corpus`; ``q_validity`` is ``(q_mask, q_lengths)``."""
+    if rescore not in (None, False, True):
+        raise TypeError(f"rescore: with a Corpus, expected True or False (its own tokens rescore"
+                        f"), got {type(rescore).__name__}")
+    nd = len(corpus)
+    top_k = check.integer("top_k", top_k, 0, nd)
+    if not rescore:
+        if candidates is not None:
+            raise ValueError("candidates: only used with rescore=True (the two-stage search)")
+        return _scan_packed(Q, corpus, top_k, q_validity, chunk_size, backend)
+    if corpus.codes is None or corpus.tokens is None:
+        raise ValueError(f"corpus: rescore=True needs codes and tokens (Corpus.with_codes), got "
+                         f"{corpus!r}")
+    if isinstance(Q, QuantizedTokens):
+        raise TypeError("Q: rescore=True takes float queries (they are quantized for the scan)")
+    candidates = min(4 * top_k, nd) if candidates is None else candidates
+    candidates = check.integer("candidates", candidates, top_k, nd)
+    scan_q = Q
+    if corpus.codes.format == "int8" and isinstance(Q, torch.Tensor) and Q.is_cuda:
+        scan_q = quantize(Q, "int8", check_finite=False)  # int8 x int8 on the integer cores
+    _, docs = _scan_packed(scan_q, corpus.codes_only(), candidates, q_validity, chunk_size,
+                           backend)
+    return _rescore_packed(Q, corpus, docs, top_k, q_validity, backend)
+
+
+def _scan_packed(Q, corpus, top_k, q_validity, chunk_size, backend):
+    """The exact top-k of ``Q`` over the corpus's tokens, or over its codes when it has none."""
+    use_codes = corpus.tokens is None
+    whole = corpus.codes if use_codes else corpus.tokens
+    Q, q_scale, scaled = _scan_queries(Q, whole[:0], backend)
+    kept_codes = use_codes and scaled
+    if use_codes and not scaled:
+        check.embeddings("corpus", whole.codes[:0].float(), ("T", "H"), codes=True)
+        stand_in = whole.codes[:0].float()
+        if isinstance(Q, torch.Tensor) and Q.is_floating_point():
+            Q = Q.float()
+    else:
+        stand_in = whole.codes[:0] if use_codes else whole
+        check.embeddings("corpus", stand_in, ("T", "H"), codes=use_codes)
+    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"), codes=q_scale is not None)
+    check.same_space("Q", Q, "corpus", stand_in, same_dtype=not kept_codes)
+    nq, lq = Q.shape[:2]
+    if chunk_size is None:
+        chunk_size = max(1, memory_budget_bytes() // (max(nq, 1) * _CANDIDATE_BYTES))
+    chunk_size = check.integer("chunk_size", chunk_size, 1)
+    q_mask, q_lengths = q_validity
+    q = _padded_side(Q, q_mask, q_lengths, "q")._replace(scale=q_scale)
+    best = _no_candidates(nq, Q.device)
+    for start in range(0, len(corpus), chunk_size):
+        stop = min(start + chunk_size, len(corpus))
+        x, offsets, scale = corpus.chunk(start, stop, use_codes)
+        if use_codes and not scaled:
+            x, scale = (x.float() * scale[:, None]), None
+        d = check.TokenSet(x, offsets=check.op_index(offsets),
+                           scale=None if scale is None else scale.float())
+        scores, _ = forward(q, d, ALLPAIRS, max_lq=lq, want_argmax=False, backend=backend)
+        best = _merge(best, scores, start, top_k)
+    best_scores, best_keys = best
+    return best_scores, _doc_of(best_keys)
+
+
+def _rescore_packed(Q, corpus, docs, top_k, q_validity, backend):
+    """The exact top-k among candidates ``docs [Nq, C]`` by the corpus's float tokens; tokens
+    held on another device (host memory) are copied over for the candidates only."""
+    Q = check.embeddings("Q", Q, ("Nq", "Lq", "H"))
+    tokens, offsets, pair_docs = corpus.tokens, corpus.offsets, None
+    if tokens.device != Q.device:
+        unique, local = torch.unique(docs, return_inverse=True)
+        tokens, offsets = corpus.gather(unique, Q.device)
+        pair_docs = local.view_as(docs)
+    check.same_space("Q", Q, "corpus", tokens[:0])
+    q = _padded_side(Q, *q_validity, "q")
+    d = check.TokenSet(tokens, offsets=check.op_index(offsets))
+    return _exact_top_k(q, d, docs, top_k, Q.size(1), backend, pair_docs)
