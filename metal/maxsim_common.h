@@ -9,8 +9,9 @@ using namespace metal;
 // Threadgroup arrays: static, declared in the kernel body.
 #define MS_THREADGROUP_ARRAY(T, name, n) threadgroup T name[n]
 // One named instance of a kernel template; the name is what torch and the binding look up.
-#define MS_KERNEL_INSTANCE(host_name, fn, ...) \
-  template [[host_name(#host_name)]] kernel decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>;
+// (The name parameter must not be spelled host_name: the attribute's own word would be replaced.)
+#define MS_KERNEL_INSTANCE(name, fn, ...) \
+  template [[host_name(#name)]] kernel decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>;
 #else
 #include "msl_shim.h"
 #endif

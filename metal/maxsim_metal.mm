@@ -24,26 +24,38 @@ id<MTLBuffer> storage_buffer(const at::Tensor& t) {
   return __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
 }
 
-// Pipeline states, one per kernel name, built on first use.
+// The host names of the shaders' kernel instances (MS_KERNEL_INSTANCE in metal/*.metal); the same
+// list as KERNELS in maxsim/metal.py (a test compares the three).
+const char* const kKernelNames[] = {
+    "maxsim_fwd_float",         "maxsim_fwd_half",         "maxsim_fwd_bfloat",
+    "maxsim_gather_rows_float", "maxsim_gather_rows_half", "maxsim_gather_rows_bfloat",
+};
+
+// Pipeline states of every kernel, all built at the first launch: a kernel missing from the
+// metallib fails that launch (and so the first-use self-test), never a later one.
 id<MTLComputePipelineState> pipeline(id<MTLDevice> device, const std::string& name) {
   static std::mutex mutex;
-  static id<MTLLibrary> library = nil;
   static std::unordered_map<std::string, id<MTLComputePipelineState>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto hit = cache.find(name);
-  if (hit != cache.end()) return hit->second;
-  NSError* error = nil;
-  if (library == nil) {
-    library = EMBEDDED_METALLIB_NAMESPACE::createLibrary(device, &error);
+  if (cache.empty()) {
+    NSError* error = nil;
+    id<MTLLibrary> library = EMBEDDED_METALLIB_NAMESPACE::createLibrary(device, &error);
     TORCH_CHECK(library, "maxsim: loading the metallib failed: ",
                 error.localizedDescription.UTF8String);
+    std::unordered_map<std::string, id<MTLComputePipelineState>> states;
+    for (const char* kernel : kKernelNames) {
+      id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:kernel]];
+      TORCH_CHECK(fn, "maxsim: the metallib has no kernel named ", kernel);
+      id<MTLComputePipelineState> state = [device newComputePipelineStateWithFunction:fn
+                                                                                error:&error];
+      TORCH_CHECK(state, "maxsim: ", kernel, ": ", error.localizedDescription.UTF8String);
+      states.emplace(kernel, state);
+    }
+    cache.swap(states);
   }
-  id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:name.c_str()]];
-  TORCH_CHECK(fn, "maxsim: the metallib has no kernel named ", name);
-  id<MTLComputePipelineState> state = [device newComputePipelineStateWithFunction:fn error:&error];
-  TORCH_CHECK(state, "maxsim: ", name, ": ", error.localizedDescription.UTF8String);
-  cache.emplace(name, state);
-  return state;
+  auto hit = cache.find(name);
+  TORCH_CHECK(hit != cache.end(), "maxsim: no kernel named ", name);
+  return hit->second;
 }
 
 MTLSize size_of(at::IntArrayRef dims) {

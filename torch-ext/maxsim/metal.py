@@ -30,6 +30,9 @@ SIMD_WIDTH = 32  # threads of a simdgroup; every threadgroup is whole simdgroups
 SHADER_FILES = ("maxsim_fwd.metal", "maxsim_bwd.metal")
 COMMON_HEADER = "maxsim_common.h"
 _DTYPE_SUFFIX = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+KERNEL_STEMS = ("maxsim_fwd", "maxsim_gather_rows")
+# Every kernel a launch can name: the host names of the shaders' instances (metal/*.metal).
+KERNELS = tuple(f"{stem}_{suffix}" for stem in KERNEL_STEMS for suffix in _DTYPE_SUFFIX.values())
 
 
 # ---------------------------------------------------------------------------------------------
