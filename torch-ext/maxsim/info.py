@@ -54,7 +54,7 @@ def _cuda_kernel_path(dtype, capability, layout=None):
 
 def backend_plan(ops, reason):
     """{layout: {dtype name: (backend, why)}} for CUDA tensors on this machine (CPU and MPS
-    tensors always take the PyTorch fallback)."""
+    tensors: :func:`cpu_path`, :func:`mps_path`)."""
     plan = {}
     capability = torch.cuda.get_device_capability() if ops is not None else None
     for layout in LAYOUTS:
@@ -83,6 +83,13 @@ def cpu_path():
     return "cpu", f"{loop}; {reason}"
 
 
+def mps_path():
+    """(backend, why) for MPS tensors: the Metal kernels once they passed their first-use
+    self-test here (running it now if no call did yet), else the PyTorch fallback and why."""
+    metal, why = metal_ops()
+    return ("metal", why) if metal is not None else ("torch fallback", why)
+
+
 def info(file=sys.stdout):
     """Collect the report as a dict; print it to ``file`` unless ``file`` is None."""
     ops, reason = cuda_ops()
@@ -91,8 +98,7 @@ def info(file=sys.stdout):
         count = torch.cuda.device_count()
         device = f"{torch.cuda.get_device_name()} (sm_{major}{minor}, {count} visible)"
     elif torch.backends.mps.is_available():
-        metal, why = metal_ops()
-        device = "Apple MPS (Metal kernels)" if metal else f"Apple MPS (PyTorch fallback: {why})"
+        device = "Apple MPS"
     else:
         device = "CPU only"
     report = {
@@ -105,6 +111,7 @@ def info(file=sys.stdout):
         "extension": f"loaded: {reason}" if ops is not None else f"not loaded: {reason}",
         "namespace": ops.fwd.default.namespace if ops is not None else "maxsim_torch",
         "CPU tensors": "{}: {}".format(*cpu_path()),
+        "MPS tensors": "{}: {}".format(*mps_path()),
         "backends": backend_plan(ops, reason),
     }
     if file is not None:
@@ -121,7 +128,7 @@ def _print(report, file):
             for line in lines[1:]:
                 print(f"{'':<{width}}  {line}", file=file)
     print(
-        "\nbackend for CUDA tensors, by layout and dtype (CPU tensors: above; MPS: torch fallback):",
+        "\nbackend for CUDA tensors, by layout and dtype (CPU and MPS tensors: above):",
         file=file,
     )
     for layout, by_dtype in report["backends"].items():
