@@ -90,11 +90,18 @@ inline T min(T a, T b) { return a < b ? a : b; }
 // ---- Barriers and SIMD collectives --------------------------------------------------------------
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
 
-inline void threadgroup_barrier(mem_flags, int site = __builtin_LINE()) {
-  msl_shim::block(msl_shim::kThreadgroup, site);
+// A barrier orders only the memory its flags name. Threads meet only where it orders memory the
+// harness has (threadgroup arrays; device buffers, conservatively: ordering them orders every
+// write here); mem_none orders nothing, so the threads run on as if it were absent, and a read it
+// was meant to order sees whatever the schedule leaves there.
+inline bool orders_memory(mem_flags flags) {
+  return (int(flags) & (int(mem_flags::mem_threadgroup) | int(mem_flags::mem_device))) != 0;
 }
-inline void simdgroup_barrier(mem_flags, int site = __builtin_LINE()) {
-  msl_shim::block(msl_shim::kSimdgroup, site);
+inline void threadgroup_barrier(mem_flags flags, int site = __builtin_LINE()) {
+  if (orders_memory(flags)) msl_shim::block(msl_shim::kThreadgroup, site);
+}
+inline void simdgroup_barrier(mem_flags flags, int site = __builtin_LINE()) {
+  if (orders_memory(flags)) msl_shim::block(msl_shim::kSimdgroup, site);
 }
 
 namespace msl_shim {
