@@ -117,7 +117,8 @@ PLANTS = {  # k: (what goes wrong, [(old text, new text)] applied in order)
         ("int(j0 + j));", "int(MS_PLANT(7) ? j : j0 + j));"),
     ]),
     8: ("score total restarted every query pass", [
-        ("    const int row_tiles =", "    if (MS_PLANT(8)) total = 0.0f;\n    const int row_tiles ="),
+        ("    const int row_tiles =",
+         "    if (MS_PLANT(8)) total = 0.0f;\n    const int row_tiles ="),
     ]),
 }
 
