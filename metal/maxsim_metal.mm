@@ -1,7 +1,8 @@
 // The Hub build's Metal binding: one op, launch(kernel, args, threads, group_size), that encodes a
-// kernel of the embedded metallib on the current MPS stream. Which kernel runs, with which
+// kernel of the embedded metallib on the current MPS stream's compute encoder. Which kernel runs, with which
 // arguments and grid, is decided in maxsim/metal.py: the same plan that drives
 // torch.mps.compile_shader in pip installs and the CPU harness in tests.
+#include <ATen/mps/MPSStream.h>
 #include <torch/torch.h>
 
 #import <Foundation/Foundation.h>
@@ -66,18 +67,22 @@ MTLSize size_of(at::IntArrayRef dims) {
 }  // namespace
 
 // args[i] binds to [[buffer(i)]]: an MPS tensor by its storage and offset, a CPU tensor (a
-// Python int or float of the caller) by value.
+// Python int or float of the caller) by value. The kernel is encoded on the current MPS stream's
+// compute encoder, on the stream's own serial queue, as PyTorch's MPS ops encode theirs: the
+// encoder, its command buffer and their commit belong to PyTorch (ending or committing them here
+// would break the ops encoded around this one).
 void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args,
                   at::IntArrayRef threads, at::IntArrayRef group_size) {
   @autoreleasepool {
+    at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+    TORCH_CHECK(stream != nullptr, "maxsim: no current MPS stream");
     id<MTLDevice> device = MTLCreateSystemDefaultDevice();
     id<MTLComputePipelineState> state = pipeline(device, kernel);
     MTLSize grid = size_of(threads), group = size_of(group_size);
     TORCH_CHECK(group.width * group.height * group.depth <= state.maxTotalThreadsPerThreadgroup,
                 "maxsim: ", kernel, ": threadgroup larger than the pipeline allows");
-    id<MTLCommandBuffer> command_buffer = torch::mps::get_command_buffer();
-    dispatch_sync(torch::mps::get_dispatch_queue(), ^() {
-      id<MTLComputeCommandEncoder> encoder = [command_buffer computeCommandEncoder];
+    dispatch_sync(stream->queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
       [encoder setComputePipelineState:state];
       for (NSUInteger i = 0; i < args.size(); ++i) {
         const at::Tensor& t = args[i];
@@ -90,8 +95,6 @@ void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args
         }
       }
       [encoder dispatchThreads:grid threadsPerThreadgroup:group];
-      [encoder endEncoding];
-      torch::mps::commit();
     });
   }
 }

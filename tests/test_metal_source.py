@@ -94,3 +94,35 @@ def test_negative_control_a_macro_parameter_named_host_name_is_caught(tmp_path):
     assert "[[maxsim_fwd_float(" in expanded.replace('"maxsim_fwd_float"', "")
     with pytest.raises(AssertionError, match="without a host_name"):
         assert_names_match_lookups(expanded)
+
+
+def check_binding_uses_the_stream_encoder(binding):
+    """The Hub binding encodes on the current MPS stream's encoder, on that stream's queue, and
+    ends or commits nothing: PyTorch owns the encoder and the command buffer."""
+    code = re.sub(r"//.*", "", binding)
+    assert "at::mps::getCurrentMPSStream()" in code, "no current MPS stream"
+    assert re.search(r"dispatch_sync\(\s*stream->queue\(\)", code), "not on the stream's queue"
+    assert "stream->commandEncoder()" in code, "not the stream's compute encoder"
+    for owned in ("endEncoding", "commit", "computeCommandEncoder]", "get_command_buffer"):
+        assert owned not in code, f"the binding calls {owned}: PyTorch owns it"
+
+
+def test_hub_binding_encodes_on_the_stream_encoder():
+    check_binding_uses_the_stream_encoder((METAL / "maxsim_metal.mm").read_text())
+
+
+def test_negative_control_a_binding_that_commits_is_caught():
+    own_encoder = """
+    id<MTLCommandBuffer> command_buffer = torch::mps::get_command_buffer();
+    dispatch_sync(torch::mps::get_dispatch_queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = [command_buffer computeCommandEncoder];
+      [encoder endEncoding];
+      torch::mps::commit();
+    });"""
+    with pytest.raises(AssertionError):
+        check_binding_uses_the_stream_encoder(own_encoder)
+    stream_then_commit = (METAL / "maxsim_metal.mm").read_text().replace(
+        "[encoder dispatchThreads:grid threadsPerThreadgroup:group];",
+        "[encoder dispatchThreads:grid threadsPerThreadgroup:group];\n      [encoder endEncoding];")
+    with pytest.raises(AssertionError, match="endEncoding"):
+        check_binding_uses_the_stream_encoder(stream_then_commit)
