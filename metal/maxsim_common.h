@@ -6,6 +6,11 @@
 #ifdef __METAL_VERSION__
 #include <metal_stdlib>
 using namespace metal;
+#if __METAL_VERSION__ >= 320
+// IEEE arithmetic whatever the loader's default (kernel-builder's metallib defaults to fast math):
+// NaN in gives NaN out, inf stays inf. MSL 3.1 has no pragma; the first-use self-test covers it.
+#pragma METAL fp math_mode(safe)
+#endif
 // Threadgroup arrays: static, declared in the kernel body.
 #define MS_THREADGROUP_ARRAY(T, name, n) threadgroup T name[n]
 // One named instance of a kernel template; the name is what torch and the binding look up.

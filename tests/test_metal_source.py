@@ -23,13 +23,13 @@ INSTANCE = re.compile(
 SUFFIX = {"float": "float", "half": "half", "bf16_bits": "bfloat"}
 
 
-def preprocess(text, tmp_path, include=METAL):
+def preprocess(text, tmp_path, include=METAL, version=310):
     """``text`` through the C preprocessor as Metal's front end sees it: ``__METAL_VERSION__``
     defined and an empty ``<metal_stdlib>`` (its declarations do not matter to macro expansion)."""
     if shutil.which(CXX) is None:
         pytest.skip(f"needs a C preprocessor ({CXX})")
     (tmp_path / "metal_stdlib").write_text("")
-    cmd = [CXX, "-E", "-P", "-x", "c++", "-D__METAL_VERSION__=310", f"-I{tmp_path}",
+    cmd = [CXX, "-E", "-P", "-x", "c++", f"-D__METAL_VERSION__={version}", f"-I{tmp_path}",
            f"-I{include}", "-"]
     done = subprocess.run(cmd, input=text, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -94,6 +94,17 @@ def test_negative_control_a_macro_parameter_named_host_name_is_caught(tmp_path):
     assert "[[maxsim_fwd_float(" in expanded.replace('"maxsim_fwd_float"', "")
     with pytest.raises(AssertionError, match="without a host_name"):
         assert_names_match_lookups(expanded)
+
+
+@pytest.mark.parametrize("loader", ["compile_shader", "metallib"])
+def test_math_mode_is_safe_for_both_loaders(loader, tmp_path):
+    """From MSL 3.2 on, the text sets IEEE math itself (NaN in, NaN out), whatever fast-math
+    default the loader compiles with; below it the pragma would be unknown, so it is left out."""
+    texts = ([metal.shader_source()] if loader == "compile_shader" else
+             [(METAL / f).read_text() for f in metal.SHADER_FILES])
+    for text in texts:
+        assert "#pragma METAL fp math_mode(safe)" in preprocess(text, tmp_path, version=320)
+        assert "math_mode" not in preprocess(text, tmp_path, version=310)
 
 
 def check_binding_uses_the_stream_encoder(binding):
