@@ -228,3 +228,16 @@ def test_self_test_case_covers_every_loop():
     finite = sims.isfinite().all(dim=0)
     for row in sims[:, finite]:
         assert row.unique().numel() == row.numel()
+
+
+def test_first_use_under_torch_compile(install_gate, runner):
+    """The first call may come inside torch.compile(fullgraph=True): the gate decides eagerly at
+    trace time (one warning), and the graph runs the PyTorch path without a break."""
+    install_gate(fake_compile_shader("compile-error", runner, None))
+    q, d = values((2, 9, 16), kind="grid"), values((3, 7, 16), kind="grid")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(lambda q, d: maxsim.maxsim(q, d), fullgraph=True)
+        got = compiled(q, d)
+    assert len(metal_warnings(caught)) == 1
+    torch.testing.assert_close(got, maxsim.maxsim(q, d, backend="torch"), rtol=0, atol=0)

@@ -11,11 +11,14 @@ Both are objects with ``compile_shader``'s call convention (``lib.<kernel>(*args
 group_size=...)``), and every decision (which kernel, its arguments, its grid) is made by the
 functions below, which the CPU harness of tests/ also drives. The ops are registered on the
 ``maxsim_metal`` namespace for the MPS dispatch key, with the same fake kernels and autograd
-formulas as every other namespace.
+formulas as every other namespace, by :class:`MetalGate` at first use, and only once the kernels
+resolved and passed the known-answer self-test on the device (maxsim/metal_selftest.py).
 """
 
+import contextlib
 import math
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -287,6 +290,22 @@ def resolve_kernels(lib):
             raise LookupError(f"kernel {name} is not callable")
 
 
+@contextlib.contextmanager
+def _plain_tensors(device):
+    """Real tensors, no autograd, no autocast, whatever the first caller runs under (a fake
+    tensor mode while torch.compile traces, autocast in a training step)."""
+    with contextlib.ExitStack() as stack:
+        unset_fake = getattr(torch._subclasses.fake_tensor, "unset_fake_temporarily", None)
+        if unset_fake is not None:
+            stack.enter_context(unset_fake())
+        stack.enter_context(torch.no_grad())
+        try:
+            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+        except RuntimeError:  # a torch without autocast for this device: nothing to turn off
+            pass
+        yield
+
+
 class MetalGate:
     """Whether tensors on ``device`` run the Metal kernels, decided once per process at first
     use: the library loads, every kernel resolves, and the known-answer self-test
@@ -302,6 +321,7 @@ class MetalGate:
         self.device, self.dispatch_key, self.namespace = device, dispatch_key, namespace
         self._missing, self._load_library = missing, load_library
         self._verdict = None  # (ops or None, reason)
+        self._lock = threading.Lock()
 
     @property
     def decided(self) -> bool:
@@ -310,7 +330,9 @@ class MetalGate:
     def verdict(self):
         """``(ops, reason)``: the Metal op namespace and why it runs, or None and why not."""
         if self._verdict is None:
-            self._verdict = self._decide()
+            with self._lock:  # two threads' first calls: one decision, one warning
+                if self._verdict is None:
+                    self._verdict = self._decide()
         return self._verdict
 
     def _decide(self):
@@ -322,9 +344,10 @@ class MetalGate:
         try:
             lib = self._load_library()
             resolve_kernels(lib)
-            metal_selftest.check(lib, self.device, launch_fwd, launch_bwd)
+            with _plain_tensors(self.device):
+                metal_selftest.check(lib, self.device, launch_fwd, launch_bwd)
         except Exception as err:  # any failure: the PyTorch path, said once
-            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
+            reason = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
             warnings.warn(
                 f"maxsim: the Metal kernels are off for this process ({reason}); "
                 f"{self.device} tensors take the PyTorch path. `python -m maxsim.info` says more.",
