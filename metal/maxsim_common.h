@@ -6,11 +6,17 @@
 #ifdef __METAL_VERSION__
 #include <metal_stdlib>
 using namespace metal;
+#if __METAL_VERSION__ >= 320
+// IEEE arithmetic whatever the loader's default (kernel-builder's metallib defaults to fast math):
+// NaN in gives NaN out, inf stays inf. MSL 3.1 has no pragma; the first-use self-test covers it.
+#pragma METAL fp math_mode(safe)
+#endif
 // Threadgroup arrays: static, declared in the kernel body.
 #define MS_THREADGROUP_ARRAY(T, name, n) threadgroup T name[n]
 // One named instance of a kernel template; the name is what torch and the binding look up.
-#define MS_KERNEL_INSTANCE(host_name, fn, ...) \
-  template [[host_name(#host_name)]] kernel decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>;
+// (The name parameter must not be spelled host_name: the attribute's own word would be replaced.)
+#define MS_KERNEL_INSTANCE(name, fn, ...) \
+  template [[host_name(#name)]] kernel decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>;
 #else
 #include "msl_shim.h"
 #endif

@@ -1,7 +1,8 @@
 // The Hub build's Metal binding: one op, launch(kernel, args, threads, group_size), that encodes a
-// kernel of the embedded metallib on the current MPS stream. Which kernel runs, with which
+// kernel of the embedded metallib on the current MPS stream's compute encoder. Which kernel runs, with which
 // arguments and grid, is decided in maxsim/metal.py: the same plan that drives
 // torch.mps.compile_shader in pip installs and the CPU harness in tests.
+#include <ATen/mps/MPSStream.h>
 #include <torch/torch.h>
 
 #import <Foundation/Foundation.h>
@@ -24,26 +25,38 @@ id<MTLBuffer> storage_buffer(const at::Tensor& t) {
   return __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
 }
 
-// Pipeline states, one per kernel name, built on first use.
+// The host names of the shaders' kernel instances (MS_KERNEL_INSTANCE in metal/*.metal); the same
+// list as KERNELS in maxsim/metal.py (a test compares the three).
+const char* const kKernelNames[] = {
+    "maxsim_fwd_float",         "maxsim_fwd_half",         "maxsim_fwd_bfloat",
+    "maxsim_gather_rows_float", "maxsim_gather_rows_half", "maxsim_gather_rows_bfloat",
+};
+
+// Pipeline states of every kernel, all built at the first launch: a kernel missing from the
+// metallib fails that launch (and so the first-use self-test), never a later one.
 id<MTLComputePipelineState> pipeline(id<MTLDevice> device, const std::string& name) {
   static std::mutex mutex;
-  static id<MTLLibrary> library = nil;
   static std::unordered_map<std::string, id<MTLComputePipelineState>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto hit = cache.find(name);
-  if (hit != cache.end()) return hit->second;
-  NSError* error = nil;
-  if (library == nil) {
-    library = EMBEDDED_METALLIB_NAMESPACE::createLibrary(device, &error);
+  if (cache.empty()) {
+    NSError* error = nil;
+    id<MTLLibrary> library = EMBEDDED_METALLIB_NAMESPACE::createLibrary(device, &error);
     TORCH_CHECK(library, "maxsim: loading the metallib failed: ",
                 error.localizedDescription.UTF8String);
+    std::unordered_map<std::string, id<MTLComputePipelineState>> states;
+    for (const char* kernel : kKernelNames) {
+      id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:kernel]];
+      TORCH_CHECK(fn, "maxsim: the metallib has no kernel named ", kernel);
+      id<MTLComputePipelineState> state = [device newComputePipelineStateWithFunction:fn
+                                                                                error:&error];
+      TORCH_CHECK(state, "maxsim: ", kernel, ": ", error.localizedDescription.UTF8String);
+      states.emplace(kernel, state);
+    }
+    cache.swap(states);
   }
-  id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:name.c_str()]];
-  TORCH_CHECK(fn, "maxsim: the metallib has no kernel named ", name);
-  id<MTLComputePipelineState> state = [device newComputePipelineStateWithFunction:fn error:&error];
-  TORCH_CHECK(state, "maxsim: ", name, ": ", error.localizedDescription.UTF8String);
-  cache.emplace(name, state);
-  return state;
+  auto hit = cache.find(name);
+  TORCH_CHECK(hit != cache.end(), "maxsim: no kernel named ", name);
+  return hit->second;
 }
 
 MTLSize size_of(at::IntArrayRef dims) {
@@ -54,18 +67,22 @@ MTLSize size_of(at::IntArrayRef dims) {
 }  // namespace
 
 // args[i] binds to [[buffer(i)]]: an MPS tensor by its storage and offset, a CPU tensor (a
-// Python int or float of the caller) by value.
+// Python int or float of the caller) by value. The kernel is encoded on the current MPS stream's
+// compute encoder, on the stream's own serial queue, as PyTorch's MPS ops encode theirs: the
+// encoder, its command buffer and their commit belong to PyTorch (ending or committing them here
+// would break the ops encoded around this one).
 void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args,
                   at::IntArrayRef threads, at::IntArrayRef group_size) {
   @autoreleasepool {
+    at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+    TORCH_CHECK(stream != nullptr, "maxsim: no current MPS stream");
     id<MTLDevice> device = MTLCreateSystemDefaultDevice();
     id<MTLComputePipelineState> state = pipeline(device, kernel);
     MTLSize grid = size_of(threads), group = size_of(group_size);
     TORCH_CHECK(group.width * group.height * group.depth <= state.maxTotalThreadsPerThreadgroup,
                 "maxsim: ", kernel, ": threadgroup larger than the pipeline allows");
-    id<MTLCommandBuffer> command_buffer = torch::mps::get_command_buffer();
-    dispatch_sync(torch::mps::get_dispatch_queue(), ^() {
-      id<MTLComputeCommandEncoder> encoder = [command_buffer computeCommandEncoder];
+    dispatch_sync(stream->queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
       [encoder setComputePipelineState:state];
       for (NSUInteger i = 0; i < args.size(); ++i) {
         const at::Tensor& t = args[i];
@@ -78,8 +95,6 @@ void metal_launch(const std::string& kernel, const std::vector<at::Tensor>& args
         }
       }
       [encoder dispatchThreads:grid threadsPerThreadgroup:group];
-      [encoder endEncoding];
-      torch::mps::commit();
     });
   }
 }

@@ -28,9 +28,10 @@ fi
 # what the remaining optional tests need: the bench extra's wordllama (the fidelity benchmark's
 # token table), and `kernels` (loading a hub variant's metadata) in its own folder, .venv/kernels,
 # for the tests marked kernels_hub: transformers 5.3 builds kernels' layer table at import in a
-# form kernels 0.17 rejects, so the two never share a process.
+# form kernels 0.17 rejects, so the two never share a process. late-interaction-kernels goes to
+# .venv/lik, read only for its Metal shader text.
 if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
-  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.2.0-kernels0.17.2-apart-wordllama0.4.0"
+  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.2.0-kernels0.17.2-apart-wordllama0.4.0-lik0.4.5"
   if [ ! -e "$istamp" ]; then
     torch_pin="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
     # The libraries' own requirements, minus two that would replace torch: PyLate's fast-plaid (its
@@ -43,6 +44,8 @@ if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
     pip_install --no-deps --upgrade --target .venv/st6 sentence-transformers==6.2.0
     pip uninstall --quiet --yes kernels 2>/dev/null || true  # an earlier layout's copy
     pip_install --no-deps --upgrade --target .venv/kernels kernels==0.17.2
+    # Metal source known to run on Macs, for the Metal front-end check's positive control.
+    pip_install --no-deps --upgrade --target .venv/lik late-interaction-kernels==0.4.5
     rm -f .venv/.maxsim-integrations-*
     touch "$istamp"
   fi

@@ -1,7 +1,7 @@
 """The Metal CPU harness itself: SIMD collectives across two simdgroups, and negative controls
-that it must catch: an out-of-bounds read, a missing barrier, divergent barriers, a
-partial-simdgroup matrix load, too much threadgroup memory, and the real forward shader with any
-one of its barriers removed."""
+that it must catch: an out-of-bounds read, a missing barrier or one that orders no memory
+(mem_none), divergent barriers, a partial-simdgroup matrix load, too much threadgroup memory, and
+the real forward shader with any one of its barriers removed or set to mem_none."""
 
 import pytest
 import torch
@@ -67,10 +67,13 @@ def test_out_of_bounds_read_is_reported(broken):
         run(broken, "read_past_end_float", flag=64)
 
 
-def test_missing_barrier_reads_garbage(broken):
+@pytest.mark.parametrize("flag", [0, 2], ids=["no-barrier", "mem_none-barrier"])
+def test_missing_barrier_reads_garbage(broken, flag):
+    """Without a barrier, or with one whose flags order no threadgroup memory (mem_none), the
+    reads see what the schedule left there."""
     x, y = run(broken, "reverse_through_threadgroup_float", flag=1)
     assert torch.equal(y[:32], x[:32].flip(0))  # with its barrier the kernel is right
-    x, y = run(broken, "reverse_through_threadgroup_float", flag=0)
+    x, y = run(broken, "reverse_through_threadgroup_float", flag=flag)
     assert not torch.equal(y[:32], x[:32].flip(0))
 
 
@@ -87,20 +90,25 @@ def test_rule_breaks_abort(broken, kernel, message):
         run(broken, kernel)
 
 
-def without_line(text, marker):
-    """``text`` without the one line that holds ``marker``."""
+def with_barrier_broken(text, marker, how):
+    """``text`` with the barrier on the one line that holds ``marker`` removed, or with flags
+    that order no memory."""
     lines = text.splitlines(keepends=True)
     hits = [i for i, line in enumerate(lines) if marker in line]
     assert len(hits) == 1, f"expected one line with {marker!r}, found {len(hits)}"
-    assert "threadgroup_barrier" in lines[hits[0]]
-    return "".join(lines[: hits[0]] + lines[hits[0] + 1:])
+    line = lines[hits[0]]
+    assert "threadgroup_barrier(mem_flags::mem_threadgroup)" in line
+    line = "" if how == "removed" else line.replace("mem_threadgroup)", "mem_none)")
+    return "".join(lines[: hits[0]] + [line] + lines[hits[0] + 1:])
 
 
+@pytest.mark.parametrize("how", ["removed", "mem_none"])
 @pytest.mark.parametrize("barrier", FWD_BARRIERS)
-def test_forward_without_any_one_barrier_fails(barrier):
-    """The real forward shader with one of its barriers removed gives wrong scores under the
-    test matrix's schedules (every query and document token valid, so every row counts)."""
-    runner = build_runner(edits={FWD: without_line(FWD.read_text(), barrier)})
+def test_forward_without_any_one_barrier_fails(barrier, how):
+    """The real forward shader with one of its barriers removed, or ordering no memory, gives
+    wrong scores under the test matrix's schedules (every query and document token valid, so
+    every row counts)."""
+    runner = build_runner(edits={FWD: with_barrier_broken(FWD.read_text(), barrier, how)})
     q = token_set("padded", 2, 32, 24, torch.float32, "cpu", "grid", lengths=False, mask=False)
     d = token_set("padded", 2, 21, 24, torch.float32, "cpu", "grid", lengths=False, mask=False)
     args = op_args(q, d, ALLPAIRS)

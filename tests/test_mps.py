@@ -1,11 +1,13 @@
-"""The Metal kernels on a real Apple GPU (``pytest -m mps``; skipped without MPS): the ops and the
-public entry points on ``mps`` tensors against the PyTorch fallback on the CPU."""
+"""The Metal kernels on a real Apple GPU (``pytest -m mps``; skipped without MPS): the first-use
+self-test, then the ops and the public entry points on ``mps`` tensors against the PyTorch fallback
+on the CPU: several document tiles and query passes, H past the 128 staged dims, NaN and inf."""
 
 import maxsim
 import pytest
 import torch
 from conftest import assert_exact, op_args, reference_of, token_set, values
 from maxsim import fallback
+from maxsim.dispatch import metal_ops
 from maxsim.layouts import ALLPAIRS, GROUPED, PAIRS
 
 HAS_MPS = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
@@ -35,11 +37,19 @@ def case(layout_name, q_kind, d_kind, dtype, data="grid", nq=5, group=3, h=33):
     return op_args(q, d, layout, group if layout == GROUPED else 0, pq, pd, max_lq)
 
 
+def test_kernels_passed_their_first_use_self_test():
+    """Runs first: the gate's verdict on this Mac (the reason is the thing to report if not)."""
+    ops, why = metal_ops()
+    assert ops is not None, f"the Metal kernels are off on this Mac: {why}"
+
+
+@pytest.mark.parametrize("h", [33, 136], ids=["h33", "h136"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("kinds", ["padded-padded", "packed-packed", "padded-packed"])
 @pytest.mark.parametrize("layout_name", list(LAYOUTS))
-def test_fwd_exact(layout_name, kinds, dtype):
-    args = case(layout_name, *kinds.split("-"), DTYPES[dtype])
+def test_fwd_exact(layout_name, kinds, dtype, h):
+    """Lq 37 (two query passes), Ld 181 (twelve document tiles), H 33 or 136 (restaged)."""
+    args = case(layout_name, *kinds.split("-"), DTYPES[dtype], h=h)
     scores, argmax = ops().fwd(*to_mps(args))
     assert_exact(scores.cpu(), argmax.cpu(), *reference_of(args))
 
@@ -104,3 +114,24 @@ def test_varlen_retrieve_and_quantized_entry_points():
     torch.testing.assert_close(maxsim.maxsim(Q.to("mps"), codes).cpu(),
                                maxsim.maxsim(Q, maxsim.quantize(corpus), backend="torch"),
                                rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_nan_and_inf_across_tiles_and_passes(dtype):
+    """A valid NaN in the third document tile wins (score NaN, argmax the first NaN); a valid inf
+    gives +inf or -inf or NaN by the query's sign; NaN and inf in masked tokens change nothing;
+    Lq 70 (three passes), H 136."""
+    q = values((3, 70, 136), DTYPES[dtype], kind="grid")
+    d = values((4, 50, 136), DTYPES[dtype], kind="grid")
+    d_mask = torch.rand(4, 50) < 0.8
+    d[0, 40, 3], d_mask[0, 40] = float("nan"), True
+    d[1, 7, 5], d_mask[1, 7] = float("inf"), True
+    d[2, 9], d_mask[2, 9] = float("nan"), False
+    d[3, 1], d_mask[3, 1] = float("inf"), False
+    args = (q, d, None, torch.tensor([70, 33, 5]).int(), None, None, None, d_mask, None, None,
+            ALLPAIRS, 0, 70, True, False)
+    scores, argmax = ops().fwd(*to_mps(args))
+    ref_scores, ref_argmax = fallback.fwd(*args)
+    torch.testing.assert_close(scores.cpu(), ref_scores, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(argmax.cpu(), ref_argmax)
+    assert scores[:, 0].isnan().all() and not scores[:, 2:].isnan().any()

@@ -32,7 +32,7 @@ kernel void read_past_end(device const T* x [[buffer(0)]], device T* y [[buffer(
 }
 
 // Reverses 32 values through threadgroup memory; with_barrier = 0 leaves out the barrier between
-// the writes and the reads.
+// the writes and the reads, 2 puts one there that orders no memory (mem_none).
 template <typename T>
 kernel void reverse_through_threadgroup(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
                                         constant long& with_barrier [[buffer(2)]],
@@ -40,7 +40,8 @@ kernel void reverse_through_threadgroup(device const T* x [[buffer(0)]], device 
                                         uint lane [[thread_index_in_threadgroup]]) {
   MS_THREADGROUP_ARRAY(T, staged, 32);
   staged[lane] = x[group_id.x * 32 + lane];
-  if (with_barrier != 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (with_barrier == 1) threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (with_barrier == 2) threadgroup_barrier(mem_flags::mem_none);  // orders no threadgroup memory
   y[group_id.x * 32 + lane] = staged[31 - lane];
 }
 

@@ -29,6 +29,7 @@ unsigned current_thread();                  // thread_index_in_threadgroup of th
 float* simd_slots();                        // 32 x 8 floats shared by the running simdgroup
 void* tg_alloc(std::size_t bytes);          // the next threadgroup array of the running thread
 int lane_layout();                          // 0: the layout of MLX's GEMM, 1: a permutation
+int planted();                              // MS_PLANT in the environment (tests plant bugs), or 0
 
 inline unsigned lane() { return current_thread() % 32; }
 
@@ -90,11 +91,18 @@ inline T min(T a, T b) { return a < b ? a : b; }
 // ---- Barriers and SIMD collectives --------------------------------------------------------------
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
 
-inline void threadgroup_barrier(mem_flags, int site = __builtin_LINE()) {
-  msl_shim::block(msl_shim::kThreadgroup, site);
+// A barrier orders only the memory its flags name. Threads meet only where it orders memory the
+// harness has (threadgroup arrays; device buffers, conservatively: ordering them orders every
+// write here); mem_none orders nothing, so the threads run on as if it were absent, and a read it
+// was meant to order sees whatever the schedule leaves there.
+inline bool orders_memory(mem_flags flags) {
+  return (int(flags) & (int(mem_flags::mem_threadgroup) | int(mem_flags::mem_device))) != 0;
 }
-inline void simdgroup_barrier(mem_flags, int site = __builtin_LINE()) {
-  msl_shim::block(msl_shim::kSimdgroup, site);
+inline void threadgroup_barrier(mem_flags flags, int site = __builtin_LINE()) {
+  if (orders_memory(flags)) msl_shim::block(msl_shim::kThreadgroup, site);
+}
+inline void simdgroup_barrier(mem_flags flags, int site = __builtin_LINE()) {
+  if (orders_memory(flags)) msl_shim::block(msl_shim::kSimdgroup, site);
 }
 
 namespace msl_shim {
@@ -261,5 +269,7 @@ struct Registrar {
 // Threadgroup arrays are allocated per threadgroup (every thread of the group gets the same one).
 #define MS_THREADGROUP_ARRAY(T, name, n) \
   T* name = static_cast<T*>(msl_shim::tg_alloc(sizeof(T) * (n)))
+// Which planted bug an edited copy of a shader turns on (tests/test_metal_tiles.py); 0: none.
+#define MS_PLANT(k) (msl_shim::planted() == (k))
 #define MS_KERNEL_INSTANCE(host_name, fn, ...) \
   static msl_shim::Registrar ms_registrar_##host_name(#host_name, &fn<__VA_ARGS__>);

@@ -208,6 +208,11 @@ float* simd_slots() { return &g_launch->slots[(g_launch->current / 32) * 32 * 8]
 
 int lane_layout() { return g_launch->layout; }
 
+int planted() {
+  static const int plant = std::getenv("MS_PLANT") ? std::atoi(std::getenv("MS_PLANT")) : 0;
+  return plant;
+}
+
 void* tg_alloc(std::size_t bytes) {
   Launch& l = *g_launch;
   Fiber& f = l.fibers[l.current];

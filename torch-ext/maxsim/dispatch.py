@@ -3,8 +3,11 @@
 
 The CUDA extension is looked up once, at import, and only where CUDA is available; the CPU
 kernels on the first call with CPU tensors (the CUDA extension carries them too; else a CPU-only
-build, compiled once). Their ops then get the same fake kernels as the pure-PyTorch ones. Their autograd formula is registered in C++ by the
-extension itself (a call that needs no gradient then never enters Python below this module).
+build, compiled once). Their ops then get the same fake kernels as the pure-PyTorch ones. Their
+autograd formula is registered in C++ by the extension itself (a call that needs no gradient then
+never enters Python below this module).
+The Metal kernels serve MPS tensors only once metal.GATE let them through (first use: kernels
+resolved, known-answer self-test on the device; any failure warns once and keeps the PyTorch path).
 """
 
 import os
@@ -12,8 +15,8 @@ import warnings
 
 import torch
 
+from . import metal
 from ._ops import load_cpu_ops, load_cuda_ops
-from .metal import load_metal_ops
 from .registry import register_fakes, torch_ops
 from .settings import fp32_on_tf32
 from .validation import TokenSet
@@ -42,7 +45,6 @@ def _with_fakes(ops):
 
 
 _CUDA_OPS, _CUDA_REASON = _load_cuda()
-_METAL_OPS, _METAL_REASON = load_metal_ops()  # MPS kernels of metal/*.metal (Apple Silicon)
 
 
 def cuda_ops():
@@ -51,8 +53,19 @@ def cuda_ops():
 
 
 def metal_ops():
-    """``(ops, reason)``: the ``maxsim_metal`` namespace (MPS tensors), or None and why."""
-    return _METAL_OPS, _METAL_REASON
+    """``(ops, reason)``: the ``maxsim_metal`` namespace (MPS tensors), or None and why. The first
+    call decides, once per process (metal.MetalGate: kernels resolved, self-test on the device)."""
+    return metal.GATE.verdict()
+
+
+def _metal_ready() -> bool:
+    """Whether the Metal kernels serve their device (deciding now if not yet decided)."""
+    return metal.GATE.verdict()[0] is not None
+
+
+if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "assume_constant_result"):
+    # Under torch.compile the decision is taken eagerly at trace time, never traced.
+    _metal_ready = torch._dynamo.assume_constant_result(_metal_ready)
 
 
 _CPU = []  # [(ops, reason)] once looked up
@@ -97,20 +110,19 @@ def select_ops(device: torch.device, backend: str = "auto"):
             raise ValueError(f"backend='cuda': expected tensors on a CUDA device, got {device}")
         return _CUDA_OPS
     if backend == "metal":
-        if _METAL_OPS is None:
-            raise RuntimeError(
-                f"backend='metal': the Metal kernels are unavailable: {_METAL_REASON}"
-            )
-        if device.type != "mps":
+        ops, reason = metal_ops()
+        if ops is None:
+            raise RuntimeError(f"backend='metal': the Metal kernels are unavailable: {reason}")
+        if device.type != metal.GATE.device:
             raise ValueError(f"backend='metal': expected tensors on an MPS device, got {device}")
-        return _METAL_OPS
+        return ops
     if backend == "auto":
         if device.type == "cuda" and _CUDA_OPS is not None:
             return _CUDA_OPS
+        if device.type == metal.GATE.device:  # mps: the Metal kernels once they pass the gate
+            return metal.GATE.verdict()[0] if _metal_ready() else torch_ops
         if device.type == "cpu":
             return cpu_ops()[0] or torch_ops
-        if device.type == "mps" and _METAL_OPS is not None:
-            return _METAL_OPS
         return torch_ops
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 

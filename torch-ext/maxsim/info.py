@@ -55,7 +55,7 @@ def _cuda_kernel_path(dtype, capability, layout=None):
 
 def backend_plan(ops, reason):
     """{layout: {dtype name: (backend, why)}} for CUDA tensors on this machine (CPU and MPS
-    tensors: `cpu_path` and the device line of `info`)."""
+    tensors: :func:`cpu_path`, :func:`mps_path`)."""
     plan = {}
     capability = device_capability() if ops is not None else None
     for layout in LAYOUTS:
@@ -84,6 +84,13 @@ def cpu_path():
     return "cpu", f"{loop}; {reason}"
 
 
+def mps_path():
+    """(backend, why) for MPS tensors: the Metal kernels once they passed their first-use
+    self-test here (running it now if no call did yet), else the PyTorch fallback and why."""
+    metal, why = metal_ops()
+    return ("metal", why) if metal is not None else ("torch fallback", why)
+
+
 def info(file=sys.stdout):
     """Collect the report as a dict; print it to ``file`` unless ``file`` is None."""
     ops, reason = cuda_ops()
@@ -94,8 +101,7 @@ def info(file=sys.stdout):
         name = emulated_gpu().name.upper() if emulated_gpu() else torch.cuda.get_device_name()
         device = f"{name} (sm_{major}{minor}, {count} visible{emulating})"
     elif torch.backends.mps.is_available():
-        metal, why = metal_ops()
-        device = "Apple MPS (Metal kernels)" if metal else f"Apple MPS (PyTorch fallback: {why})"
+        device = "Apple MPS"
     else:
         device = "CPU only"
     report = {
@@ -108,6 +114,7 @@ def info(file=sys.stdout):
         "extension": f"loaded: {reason}" if ops is not None else f"not loaded: {reason}",
         "namespace": ops.fwd.default.namespace if ops is not None else "maxsim_torch",
         "CPU tensors": "{}: {}".format(*cpu_path()),
+        "MPS tensors": "{}: {}".format(*mps_path()),
         "backends": backend_plan(ops, reason),
     }
     if file is not None:

@@ -11,16 +11,20 @@ Both are objects with ``compile_shader``'s call convention (``lib.<kernel>(*args
 group_size=...)``), and every decision (which kernel, its arguments, its grid) is made by the
 functions below, which the CPU harness of tests/ also drives. The ops are registered on the
 ``maxsim_metal`` namespace for the MPS dispatch key, with the same fake kernels and autograd
-formulas as every other namespace.
+formulas as every other namespace, by :class:`MetalGate` at first use, and only once the kernels
+resolved and passed the known-answer self-test on the device (maxsim/metal_selftest.py).
 """
 
-import functools
+import contextlib
 import math
+import os
+import threading
+import warnings
 from pathlib import Path
 
 import torch
 
-from . import bounds, fallback
+from . import bounds, fallback, metal_selftest
 from .layouts import scores_shape, segment_count
 from .registry import _exact, register_autograd, register_fakes
 from .schemas import BWD_SCHEMA, CE_SCHEMA, FWD_SCHEMA, STEP_SCHEMA
@@ -30,6 +34,9 @@ SIMD_WIDTH = 32  # threads of a simdgroup; every threadgroup is whole simdgroups
 SHADER_FILES = ("maxsim_fwd.metal", "maxsim_bwd.metal")
 COMMON_HEADER = "maxsim_common.h"
 _DTYPE_SUFFIX = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+KERNEL_STEMS = ("maxsim_fwd", "maxsim_gather_rows")
+# Every kernel a launch can name: the host names of the shaders' instances (metal/*.metal).
+KERNELS = tuple(f"{stem}_{suffix}" for stem in KERNEL_STEMS for suffix in _DTYPE_SUFFIX.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,26 +260,104 @@ def _extension_library():
     return None
 
 
-@functools.lru_cache(maxsize=1)
 def mps_library():
-    """The kernels for MPS tensors: the Hub extension's, else the shader text compiled now."""
+    """The kernels for MPS tensors: the Hub extension's, else the shader text compiled now
+    (raises where this torch has no ``torch.mps.compile_shader``, or the compiler refuses)."""
     lib = _extension_library()
-    return lib if lib is not None else torch.mps.compile_shader(shader_source())
+    if lib is not None:
+        return lib
+    if not hasattr(torch.mps, "compile_shader"):
+        raise RuntimeError(f"torch.mps.compile_shader is missing (torch {torch.__version__}; "
+                           "it needs torch >= 2.7)")
+    return torch.mps.compile_shader(shader_source())
 
 
-_LIBRARY = None
-
-
-def load_metal_ops():
-    """``(ops, reason)``: the ``maxsim_metal`` namespace where MPS is available, else None and
-    why. Compiling the shaders waits for the first call."""
-    global _LIBRARY
+def _mps_missing():
+    """Why this process has no MPS device, or None."""
     if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        return None, "torch.backends.mps.is_available() is False"
-    if not hasattr(torch.mps, "compile_shader") and not any(
-        Path(__file__).resolve().parent.glob("_maxsim*.so")
-    ):
-        return None, "torch.mps.compile_shader needs torch >= 2.7"
-    if _LIBRARY is None and not hasattr(getattr(torch.ops, NAMESPACE), "fwd"):
-        _LIBRARY = define_ops(NAMESPACE, mps_library, "MPS")
-    return getattr(torch.ops, NAMESPACE), None
+        return "torch.backends.mps.is_available() is False"
+    return None
+
+
+def resolve_kernels(lib):
+    """Look up every kernel of :data:`KERNELS` on ``lib``; raise naming the first one missing."""
+    for name in KERNELS:
+        try:
+            kernel = getattr(lib, name)
+        except Exception as err:  # compile_shader raises its own error type for a missing name
+            raise LookupError(f"kernel {name} not found: {err}") from err
+        if not callable(kernel):
+            raise LookupError(f"kernel {name} is not callable")
+
+
+@contextlib.contextmanager
+def _plain_tensors(device):
+    """Real tensors, no autograd, no autocast, whatever the first caller runs under (a fake
+    tensor mode while torch.compile traces, autocast in a training step)."""
+    with contextlib.ExitStack() as stack:
+        unset_fake = getattr(torch._subclasses.fake_tensor, "unset_fake_temporarily", None)
+        if unset_fake is not None:
+            stack.enter_context(unset_fake())
+        stack.enter_context(torch.no_grad())
+        try:
+            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+        except RuntimeError:  # a torch without autocast for this device: nothing to turn off
+            pass
+        yield
+
+
+class MetalGate:
+    """Whether tensors on ``device`` run the Metal kernels, decided once per process at first
+    use: the library loads, every kernel resolves, and the known-answer self-test
+    (maxsim/metal_selftest.py) matches the PyTorch path on the device. Any failure warns once and
+    leaves the PyTorch path for the rest of the process; ``MAXSIM_NO_METAL=1`` skips all of it.
+
+    The defaults are the real ones (MPS, compile_shader or the Hub extension); tests build a gate
+    for CPU tensors over a fake library.
+    """
+
+    def __init__(self, device="mps", dispatch_key="MPS", namespace=NAMESPACE,
+                 missing=_mps_missing, load_library=mps_library):
+        self.device, self.dispatch_key, self.namespace = device, dispatch_key, namespace
+        self._missing, self._load_library = missing, load_library
+        self._verdict = None  # (ops or None, reason)
+        self._lock = threading.Lock()
+
+    @property
+    def decided(self) -> bool:
+        return self._verdict is not None
+
+    def verdict(self):
+        """``(ops, reason)``: the Metal op namespace and why it runs, or None and why not."""
+        if self._verdict is None:
+            with self._lock:  # two threads' first calls: one decision, one warning
+                if self._verdict is None:
+                    self._verdict = self._decide()
+        return self._verdict
+
+    def _decide(self):
+        if os.environ.get("MAXSIM_NO_METAL", "").strip() not in ("", "0"):
+            return None, "MAXSIM_NO_METAL is set"
+        missing = self._missing()
+        if missing is not None:
+            return None, missing
+        try:
+            lib = self._load_library()
+            resolve_kernels(lib)
+            with _plain_tensors(self.device):
+                metal_selftest.check(lib, self.device, launch_fwd, launch_bwd)
+        except Exception as err:  # any failure: the PyTorch path, said once
+            reason = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+            warnings.warn(
+                f"maxsim: the Metal kernels are off for this process ({reason}); "
+                f"{self.device} tensors take the PyTorch path. `python -m maxsim.info` says more.",
+                RuntimeWarning, stacklevel=4,
+            )
+            return None, f"self-test at first use failed: {reason}"
+        if not hasattr(getattr(torch.ops, self.namespace), "fwd"):
+            _LIBRARIES.append(define_ops(self.namespace, lambda: lib, self.dispatch_key))
+        return getattr(torch.ops, self.namespace), "passed the known-answer self-test at first use"
+
+
+_LIBRARIES = []  # the registered op Libraries, kept alive for the process
+GATE = MetalGate()
