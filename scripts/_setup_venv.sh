@@ -28,7 +28,7 @@ fi
 # PYTHONPATH for the tests of that library and of hub loading (transformers 5.25 and kernels 0.19
 # share a process). It also adds the bench extra's wordllama (the fidelity benchmark's token table).
 if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
-  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.3.0-tf5.25.0-kernels0.19.1-wordllama0.4.0"
+  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.3.0-tf5.25.0-kernels0.19.1-tabulate-wordllama0.4.0"
   if [ ! -e "$istamp" ]; then
     torch_pin="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
     # The libraries' own requirements, minus two that would replace torch: PyLate's fast-plaid (its
@@ -44,7 +44,8 @@ if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
     pip_install --no-deps --upgrade --target .venv/st63 sentence-transformers==6.3.0 \
       transformers==5.25.0 kernels==0.19.1
     pip_install --upgrade --target .venv/st63 "huggingface-hub>=2.4.0,<3.0" \
-      "tokenizers>=0.23.1,<0.24.0" "safetensors>=0.8.0" "regex>=2025.10.22" typer "tomlkit>=0.13.3"
+      "tokenizers>=0.23.1,<0.24.0" "safetensors>=0.8.0" "regex>=2025.10.22" typer \
+      "tomlkit>=0.13.3" tabulate
     rm -f .venv/.maxsim-integrations-*
     touch "$istamp"
   fi

@@ -1,7 +1,7 @@
 """This checkout's variant, built by scripts/build_variant.py, loaded the ways users load a Hub
 kernel with `kernels` 0.19: get_local_kernel, get_kernel through LOCAL_KERNELS, and a
-LayerRepository that kernelize swaps into a module. The kernels_ci subset (under a minute with
-the build's objects in place: `pytest -m kernels_ci`)."""
+LayerRepository that kernelize swaps into a module (the kernels_ci subset: under a minute with
+the build's objects in place, `pytest -m kernels_ci`), and `kernels benchmark` on our script."""
 
 import os
 import subprocess
@@ -13,7 +13,7 @@ import torch
 from conftest import import_or_skip
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.kernels_hub, pytest.mark.kernels_ci]
+pytestmark = pytest.mark.kernels_hub
 REPO_ID = "kernels-test/maxsim"
 
 
@@ -48,17 +48,20 @@ def exercise(package):
     assert ran and set(ran) == {own_op}, ran
 
 
+@pytest.mark.kernels_ci
 def test_get_local_kernel(kernels, build_dir):
     package = kernels.get_local_kernel(build_dir.parent if build_dir.name == "build" else build_dir)
     assert package.__all__ and {"maxsim", "layers"} <= set(package.__all__)
     exercise(package)
 
 
+@pytest.mark.kernels_ci
 def test_get_kernel_through_local_kernels(kernels, build_dir, monkeypatch):
     monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={build_dir}")
     exercise(kernels.get_kernel(REPO_ID, version=1))
 
 
+@pytest.mark.kernels_ci
 def test_layer_repository_kernelizes_a_module(kernels, build_dir, monkeypatch):
     monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={build_dir}")
 
@@ -80,3 +83,20 @@ def test_layer_repository_kernelizes_a_module(kernels, build_dir, monkeypatch):
     d_mask[1] = False
     got = model[0](q, d, None, d_mask)
     assert got[:, 1].eq(-1e9).all() and got[:, 0].ne(0).all()
+
+
+def test_kernels_benchmark_runs_our_script(kernels, build_dir):
+    """`kernels benchmark` on benchmarks/benchmark.py: each workload runs and matches its
+    reference (the runner raises on a mismatch)."""
+    runner = import_or_skip("kernels._internals.cli.benchmark")
+    if runner.MISSING_DEPS:
+        pytest.skip(f"`kernels benchmark` needs {runner.MISSING_DEPS}")
+    root = build_dir.parent if build_dir.name == "build" else build_dir
+    results, _ = runner.run_benchmark_script(
+        ROOT / "benchmarks" / "benchmark.py", iterations=1, warmup=0, cwd=ROOT,
+        repo_id=str(root), is_local=True, revision="local",
+    )
+    assert {name.split(".")[1] for name in results} == {
+        "rerank", "rerank_colpali", "allpairs_fp32", "st_maxsim", "train_small"
+    }
+    assert all(timing.verified for timing in results.values())
