@@ -45,7 +45,8 @@ def naive_fp32(Q, D, d_mask, grouped):
 
 
 class MaxSimBenchmark(Benchmark):
-    """Scores through ``maxsim``: reranking (per-query candidates) and all-pairs."""
+    """Scores through ``maxsim``: reranking (per-query candidates) and all-pairs. The CLI finds
+    workloads by method name: ``PADDED_WORKLOADS`` below adds each one's three methods."""
 
     seed = 0
 
@@ -60,32 +61,15 @@ class MaxSimBenchmark(Benchmark):
     def _reference(self):
         return naive_fp32(self.Q, self.D, self.d_mask, self.grouped)
 
-    def setup_rerank(self):
-        self._padded("rerank", "bf16", grouped=True)
 
-    def benchmark_rerank(self):
-        self._score()
-
-    def verify_rerank(self):
-        return self._reference()
-
-    def setup_rerank_colpali(self):
-        self._padded("rerank_colpali", "bf16", grouped=True)
-
-    def benchmark_rerank_colpali(self):
-        self._score()
-
-    def verify_rerank_colpali(self):
-        return self._reference()
-
-    def setup_allpairs_fp32(self):
-        self._padded("allpairs_fp32", "fp32", grouped=False)
-
-    def benchmark_allpairs_fp32(self):
-        self._score()
-
-    def verify_allpairs_fp32(self):
-        return self._reference()
+# (workload, dtype, per-query candidates rather than all pairs)
+PADDED_WORKLOADS = (("rerank", "bf16", True), ("rerank_colpali", "bf16", True),
+                    ("allpairs_fp32", "fp32", False))
+for _name, _dtype, _grouped in PADDED_WORKLOADS:
+    setattr(MaxSimBenchmark, f"setup_{_name}",
+            lambda self, n=_name, t=_dtype, g=_grouped: self._padded(n, t, g))
+    setattr(MaxSimBenchmark, f"benchmark_{_name}", MaxSimBenchmark._score)
+    setattr(MaxSimBenchmark, f"verify_{_name}", MaxSimBenchmark._reference)
 
 
 class SentenceTransformersLayerBenchmark(Benchmark):
