@@ -100,3 +100,13 @@ def test_kernels_benchmark_runs_our_script(kernels, build_dir):
         "rerank", "rerank_colpali", "allpairs_fp32", "st_maxsim", "train_small"
     }
     assert all(timing.verified for timing in results.values())
+
+
+def test_readme_example(build_dir):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "readme_example.py"), "--build", str(build_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    error = float(out.stdout.split("max |error| ")[1].split()[0])
+    assert error < 1e-4 and "empty document: -1000000000.0" in out.stdout
