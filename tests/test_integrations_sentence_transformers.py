@@ -170,9 +170,12 @@ def test_versions_without_multi_vector_similarity_are_a_clear_error(monkeypatch)
 
 ROOT = Path(__file__).resolve().parents[1]
 ST_VERSION = tuple(int(p) for p in st_package.__version__.split(".")[:2])
-needs_kernel_layers = pytest.mark.skipif(
-    ST_VERSION < (6, 3), reason=f"sentence-transformers {st_package.__version__} < 6.3"
-)
+def needs_kernel_layers(test):
+    """sentence-transformers 6.3+, and a hub variant loaded by `kernels` (kernels_hub)."""
+    version = pytest.mark.skipif(
+        ST_VERSION < (6, 3), reason=f"sentence-transformers {st_package.__version__} < 6.3"
+    )
+    return pytest.mark.kernels_hub(version(test))
 EMPTY = -1e9
 
 
