@@ -284,10 +284,16 @@ def test_their_scorer_runs_our_layer_fp32(variant, device, training, pairwise, m
     assert calls and set(calls) == {torch.device(device).type}, "their own forward ran"
     assert ours.dtype == theirs.dtype == torch.float32 and ours.shape == theirs.shape
     assert (ours == EMPTY).equal(theirs == EMPTY) and (theirs == EMPTY).any()
+    real = theirs > EMPTY
+    print(f"fp32 max |ours - theirs| {(ours - theirs)[real].abs().max().item():.2e}"
+          f" of max |score| {theirs[real].abs().max().item():.2f}", end="")
     torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=2e-5)
     if training:
         for got, ref in zip(our_grads, their_grads):
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+        worst = max((g - r).abs().max().item() for g, r in zip(our_grads, their_grads) if g.numel())
+        print(f", gradients max |ours - theirs| {worst:.2e}", end="")
+    print()
 
 
 @needs_kernel_layers
