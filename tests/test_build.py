@@ -88,10 +88,11 @@ def test_layout_of_a_variant(tmp_path):
     assert (variant / f"{name}.abi3.so").is_file()
     assert (variant / "maxsim" / "__init__.py").is_file()
     assert (variant / "schemas.h").is_file()  # read by schemas.py at import
+    assert (variant / "layers.py").is_file()  # the Hub kernel layers, imported by __init__.py
     assert not (variant / "_build_info.py").exists()
     init = (variant / "__init__.py").read_text()
     original = (ROOT / "torch-ext" / "maxsim" / "__init__.py").read_text()
-    assert "from ._ops import ops" in init
+    assert "from ._ops import ops" in init and "from . import layers" in init
     assert [
         line for line in init.splitlines() if line.strip() and "from ._ops import ops" not in line
     ] == [line for line in original.splitlines() if line.strip()]
