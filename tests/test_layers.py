@@ -47,6 +47,8 @@ def ragged(na, nb, lq, ld, h, device, pairwise=False, dtype=torch.float32, mask_
 
 
 def check(got, a, b, a_mask, b_mask, pairwise, rtol=2e-6):
+    """Relative to max(|score|, 1); CUDA's fp32 path is exact to about 1e-6 per similarity."""
+    rtol = max(rtol, 1e-5) if got.is_cuda else rtol
     ref = their_formula(a, b, a_mask, b_mask, pairwise)
     assert got.dtype == torch.float32 and got.shape == ref.shape and got.device == ref.device
     scale = ref.abs().clamp(min=1).double()
