@@ -12,7 +12,9 @@
 #     httpx2==2.17.0 httpcore2==2.17.0 hf-xet==1.8.0 h11==0.16.0 anyio==4.16.0 idna==3.21 \
 #     truststore==0.10.5 tomlkit==0.15.3 tabulate==0.10.0 typer==0.29.2 regex==2026.12.2 \
 #     tokenizers==0.23.3 safetensors==0.8.0 shellingham==1.5.4 rich==15.0.0 click==8.5.1 \
-#     annotated-doc==0.0.7 pygments==2.21.0 markdown-it-py==4.3.0 mdurl==0.1.2
+#     annotated-doc==0.0.7 pygments==2.21.0 markdown-it-py==4.3.0 mdurl==0.1.2 \
+#     typing-extensions==4.16.0 pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 \
+#     annotated-types==0.8.0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim_out}
