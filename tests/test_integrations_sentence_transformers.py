@@ -229,25 +229,27 @@ def counting_kernel_calls(package):
         layers.kernel_score = original
 
 
-def ragged_batch(device, dtype, pairwise, grid=False):
+def ragged_batch(device, dtype, pairwise, grid=False, weights=True):
     """Lists of ragged queries and documents (sentence-transformers pads them and derives the
-    masks), one zero-length document, and explicit masks over the padded widths with a float
-    query weight and a fully masked document."""
+    masks), one zero-length document, and explicit masks over the padded widths: a float query
+    mask (weights, or 0 / 1 without ``weights``) and a fully masked document. Drawn on the CPU,
+    so that every device scores the same values."""
     def values(n):
         if grid:  # halves in [-1, 1]: every similarity (quarters up to 16) is exact in bf16
-            return (torch.randint(-2, 3, (n, 16)) / 2).to(device, dtype)
-        return torch.randn(n, 16).to(device, dtype)
+            return torch.randint(-2, 3, (n, 16)) / 2
+        return torch.randn(n, 16)
 
-    a = [values(n) for n in (5, 1, 9, 3)]
-    b = [values(n) for n in (7, 12, 0, 2, 31)]
-    a_mask = torch.rand(4, 9, device=device) * (torch.rand(4, 9, device=device) > 0.2)
-    if grid:  # weights that scale a bf16 query exactly
-        a_mask = torch.tensor([0.0, 0.5, 1.0, 2.0], device=device)[torch.randint(0, 4, (4, 9))]
-    b_mask = torch.rand(5, 31, device=device) > 0.3
+    a = [values(n).to(device, dtype) for n in (5, 1, 9, 3)]
+    b = [values(n).to(device, dtype) for n in (7, 12, 0, 2, 31)]
+    a_mask = (torch.rand(4, 9) > 0.2).float()
+    if weights:  # grid weights scale a bf16 query exactly
+        a_mask *= torch.tensor([0.5, 1.0, 2.0])[torch.randint(0, 3, (4, 9))] if grid else (
+            torch.rand(4, 9) * 2)
+    b_mask = torch.rand(5, 31) > 0.3
     b_mask[3] = False
     if pairwise:  # one document per query
         b, b_mask = b[:4], b_mask[:4, :12]
-    return a, b, a_mask, b_mask
+    return a, b, a_mask.to(device), b_mask.to(device)
 
 
 def score_both(variant, fn, leaves):
@@ -303,9 +305,10 @@ def test_their_scorer_runs_our_layer_fp32(variant, device, training, pairwise, m
 @pytest.mark.parametrize("grid", [True, False], ids=["grid", "random"])
 def test_their_scorer_runs_our_layer_bf16(variant, device, pairwise, grid):
     """bf16 on grid values (every similarity exact in bf16): equal to fp32 rounding, gradients
-    too. On random values their einsum rounds each similarity to bf16 before the max and ours
+    too. On random values (0 / 1 query weights: a weight other than a power of two rounds the
+    weighted bf16 query) their einsum rounds each similarity to bf16 before the max and ours
     does not: ours is closer to the float64 scores, and within that rounding of theirs."""
-    a, b, a_mask, b_mask = ragged_batch(device, torch.bfloat16, pairwise, grid=grid)
+    a, b, a_mask, b_mask = ragged_batch(device, torch.bfloat16, pairwise, grid=grid, weights=grid)
 
     def run(scorer, *x):
         call = scorer.pairwise if pairwise else scorer
