@@ -23,15 +23,13 @@ if [ ! -e "$stamp" ]; then
 fi
 # MAXSIM_TEST_INTEGRATIONS=1 adds the libraries the integrations patch, at the versions the tests
 # pin, keeping the torch already installed. PyLate pins sentence-transformers 5, so
-# sentence-transformers 6 (the one with multi-vector similarity) goes to its own folder,
-# .venv/st6, which test.sh puts first on PYTHONPATH for that library's tests only. It also adds
-# what the remaining optional tests need: the bench extra's wordllama (the fidelity benchmark's
-# token table), and `kernels` (loading a hub variant's metadata) in its own folder, .venv/kernels,
-# for the tests marked kernels_hub: transformers 5.3 builds kernels' layer table at import in a
-# form kernels 0.17 rejects, so the two never share a process. late-interaction-kernels goes to
-# .venv/lik, read only for its Metal shader text.
+# sentence-transformers 6.3 (multi-vector similarity and its hub kernel layers), the transformers
+# it needs and `kernels` go to their own folder, .venv/st63, which test.sh puts first on
+# PYTHONPATH for the tests of that library and of hub loading (transformers 5.25 and kernels 0.19
+# share a process). It also adds the bench extra's wordllama (the fidelity benchmark's token table),
+# and late-interaction-kernels in .venv/lik, read only for its Metal shader text.
 if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
-  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.2.0-kernels0.17.2-apart-wordllama0.4.0-lik0.4.5"
+  istamp=".venv/.maxsim-integrations-pylate1.6.0-colpali0.3.18-st6.3.0-tf5.25.0-kernels0.19.1-tabulate-wordllama0.4.0-lik0.4.5"
   if [ ! -e "$istamp" ]; then
     torch_pin="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
     # The libraries' own requirements, minus two that would replace torch: PyLate's fast-plaid (its
@@ -41,9 +39,14 @@ if [ "${MAXSIM_TEST_INTEGRATIONS:-0}" = 1 ]; then
       "datasets>=2.20.0" "accelerate>=0.31.0" "pandas>=2.2.1" ujson==5.12.0 ninja==1.11.1.4 \
       fastkmeans==0.5.0 "peft>=0.18.0,<0.21.0" "pillow>=10.0.0" wordllama==0.4.0.post1
     pip_install --no-deps pylate==1.6.0 colpali-engine==0.3.18
-    pip_install --no-deps --upgrade --target .venv/st6 sentence-transformers==6.2.0
-    pip uninstall --quiet --yes kernels 2>/dev/null || true  # an earlier layout's copy
-    pip_install --no-deps --upgrade --target .venv/kernels kernels==0.17.2
+    rm -rf .venv/st6 .venv/kernels  # an earlier layout's folders
+    # --no-deps for the three (a --target install would bring its own torch), then what they need
+    # beyond the venv, none of which depends on torch.
+    pip_install --no-deps --upgrade --target .venv/st63 sentence-transformers==6.3.0 \
+      transformers==5.25.0 kernels==0.19.1
+    pip_install --upgrade --target .venv/st63 "huggingface-hub>=2.4.0,<3.0" \
+      "tokenizers>=0.23.1,<0.24.0" "safetensors>=0.8.0" "regex>=2025.10.22" typer \
+      "tomlkit>=0.13.3" tabulate
     # Metal source known to run on Macs, for the Metal front-end check's positive control.
     pip_install --no-deps --upgrade --target .venv/lik late-interaction-kernels==0.4.5
     rm -f .venv/.maxsim-integrations-*

@@ -7,7 +7,9 @@ alone, build/torch<MAJ><MIN>-cxx11-cpu-<cpu>-<os>/), which `kernels.get_local_ke
 loads exactly as `get_kernel("<org>/maxsim")` would from the Hub:
 
     metadata.json                     name, id, version, license, python-depends, backend + archs
-    __init__.py                       the package's __init__, first importing the bundled ops
+    __init__.py                       the package's __init__, first importing the bundled ops;
+                                      it exposes `layers` (MaxSim, MaxSimPairwise), the Hub
+                                      kernel layers sentence-transformers' KernelConfig loads
     _ops.py                           generated: ops = torch.ops.<ns>, add_op_namespace_prefix
     _maxsim_cuda_<hash>_hub.abi3.so   the extension; its TORCH_LIBRARY namespace is its name
     *.py                              the rest of the package (torch-ext/maxsim), copied
@@ -54,7 +56,8 @@ def variant_name(torch):
     or torch{M}{m}-{cxx11|cxx98}-cpu-{cpu}-{os} for a CPU-only torch."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
-    cuda = "cpu" if torch.version.cuda is None else "cu" + "".join(torch.version.cuda.split(".")[:2])
+    cuda_version = torch.version.cuda
+    cuda = "cpu" if cuda_version is None else "cu" + "".join(cuda_version.split(".")[:2])
     return f"torch{major}{minor}-{abi}-{cuda}-{platform.machine()}-{platform.system().lower()}"
 
 

@@ -6,13 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_setup_venv.sh
-if [ -d .venv/kernels ]; then  # `kernels` apart from transformers (see _setup_venv.sh)
-  python -m pytest -q -m "not kernels_hub" "$@"   # testpaths: tests/ and benchmarks/
-  PYTHONPATH=".venv/kernels${PYTHONPATH:+:$PYTHONPATH}" python -m pytest -q -m kernels_hub tests/test_build.py
-else
-  python -m pytest -q "$@"   # testpaths: tests/ and benchmarks/ (pyproject.toml)
-fi
-if [ -d .venv/st6 ]; then  # sentence-transformers 6, kept apart from PyLate's pinned 5
-  PYTHONPATH=".venv/st6${PYTHONPATH:+:$PYTHONPATH}" \
-    python -m pytest tests/test_integrations_sentence_transformers.py -q "$@"
+# testpaths: tests/ and benchmarks/ (pyproject.toml); `kernels` lives in .venv/st63
+python -m pytest -q -m "not kernels_hub" "$@"
+if [ -d .venv/st63 ]; then  # sentence-transformers 6.3 + transformers 5.25 + kernels 0.19
+  PYTHONPATH=".venv/st63${PYTHONPATH:+:$PYTHONPATH}" python -m pytest -q \
+    tests/test_integrations_sentence_transformers.py tests/test_hub_loading.py tests/test_build.py \
+    "$@"
 fi

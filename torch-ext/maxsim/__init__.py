@@ -5,6 +5,7 @@ Two surfaces over one op pair: the native one (``maxsim``, ``maxsim_pairs``, ``m
 Fused CUDA kernels where the extension is built, a memory-bounded PyTorch fallback elsewhere.
 """
 
+from . import layers
 from .chamfer import chamfer
 from .compat import (
     score_candidates_padded,
@@ -54,6 +55,8 @@ __all__ = [
     "dequantize",
     "QuantizedTokens",
     "chamfer",
+    # sentence-transformers' hub kernel layers (MaxSim, MaxSimPairwise)
+    "layers",
     # compatibility surface
     "score_candidates_padded",
     "score_candidates_padded_with_argmax",

@@ -18,6 +18,16 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 _INT32 = torch.iinfo(torch.int32)
 
 
+class DtypeMismatch(ValueError, TypeError):
+    """Queries and documents of different dtypes: a TypeError as `erikkaum/maxsim` raises, and a
+    ValueError like the package's other argument errors, so code catching either catches it."""
+
+
+class IndexOutOfRange(ValueError, RuntimeError):
+    """An id or length outside its range: a RuntimeError as `erikkaum/maxsim` raises, and a
+    ValueError like the package's other argument errors."""
+
+
 class TokenSet(NamedTuple):
     """One side of a call, as the ops take it.
 
@@ -103,11 +113,14 @@ def same_space(
     """Queries and documents share dtype (unless ``same_dtype=False``), embedding dim and
     device."""
     if same_dtype and d.dtype != q.dtype:
-        raise TypeError(f"{d_name}: expected dtype {q.dtype} to match {q_name}, got {d.dtype}")
+        raise DtypeMismatch(
+            f"{d_name}: expected {q.dtype}, the same dtype as {q_name} (they share dtype), "
+            f"got {d.dtype}"
+        )
     h = q.shape[-1]
     if d.shape[-1] != h:
         raise ValueError(
-            f"{d_name}: expected last dim {h} to match {q_name}, got shape {_shape(d)}"
+            f"{d_name}: expected last dim {h} (it must match {q_name}), got shape {_shape(d)}"
         )
     if d.device != q.device:
         raise ValueError(f"{d_name}: expected device {q.device} like {q_name}, got {d.device}")
@@ -225,9 +238,11 @@ def pair_ids(q_name: str, pair_q, d_name: str, pair_d, nq: int, nd: int, device)
     require_index(q_name, pair_q, shape, device)
     require_index(d_name, pair_d, shape, device)
     if values_checked(pair_q):
-        check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq})")
+        check_range(q_name, pair_q, 0, nq - 1, f"a query id in [0, {nq}) (others are out of range)")
     if values_checked(pair_d):
-        check_range(d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd})")
+        check_range(
+            d_name, pair_d, 0, nd - 1, f"a document id in [0, {nd}) (others are out of range)"
+        )
     return op_index(pair_q), op_index(pair_d)
 
 
@@ -288,7 +303,9 @@ def check_range(name: str, t: torch.Tensor, low: int, high: int, what: str) -> N
         return
     position = tuple((((t < low) | (t > high)).nonzero()[0]).tolist())
     at = ", ".join(str(i) for i in position)
-    raise ValueError(f"{name}: expected {what}, got {name}[{at}] = {int(t[position])}")
+    raise IndexOutOfRange(
+        f"{name}: expected {what}, got {name}[{at}] = {int(t[position])}"
+    )
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
