@@ -4,6 +4,12 @@ computes on padding. Built once from ragged embeddings, saved and loaded with sa
 A corpus holds the tokens in a float dtype (fp16 for search), 8-bit codes of the same tokens
 (:func:`maxsim.quantize`, one fp32 scale per token), or both: the codes for a fast first scan,
 the tokens for the exact rescoring of its candidates (:func:`maxsim.retrieve`).
+
+Memory of the two-stage search, per token of dim H, against the fp16 tokens' 2H bytes: codes and
+tokens on the GPU hold 3H + 4 bytes (1.52x at H = 96: no second fp16 copy, the rescoring reads
+the tokens in place by id); codes on the GPU with the tokens in host memory hold H + 4 (0.52x),
+plus the candidates' tokens copied per call. Either way the scan adds at most its working budget
+(``MAXSIM_TORCH_MEMORY_MB``: the scores of one chunk of documents and their top-k).
 """
 
 from typing import Optional, Sequence
