@@ -18,6 +18,7 @@ import torch
 
 from .quantize import DTYPES, QuantizedTokens, quantize
 
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # Tokens quantized per step when codes are made from a stored corpus: bounds the fp32 temporaries.
 _QUANTIZE_TOKENS = 1 << 22
 
@@ -38,9 +39,10 @@ class Corpus:
         if tokens is None and codes is None:
             raise ValueError("Corpus: expected tokens, codes or both, got neither")
         if tokens is not None:
-            if not isinstance(tokens, torch.Tensor) or not tokens.is_floating_point():
+            if not isinstance(tokens, torch.Tensor) or tokens.dtype not in _FLOATS:
                 got = getattr(tokens, "dtype", type(tokens).__name__)
-                raise TypeError(f"tokens: expected a float tensor [T, H], got {got}")
+                raise TypeError(f"tokens: expected a float32, float16 or bfloat16 tensor [T, H], "
+                                f"got {got}")
             if tokens.dim() != 2:
                 raise ValueError(f"tokens: expected [T, H], got shape {list(tokens.shape)}")
         if codes is not None:
@@ -51,7 +53,7 @@ class Corpus:
                                  f"{list(codes.shape)}")
         side = codes.codes if codes is not None else tokens
         self.tokens, self.codes = tokens, codes
-        self.host_offsets = _checked_offsets(offsets, side.size(0))
+        self.host_offsets = _checked_offsets(offsets, side.size(0), side.device)
         self.offsets = self.host_offsets.to(side.device)
 
     @classmethod
@@ -197,13 +199,18 @@ class Corpus:
                 f"{'+'.join(held)}, {self.nbytes:,} bytes on {self.device})")
 
 
-def _checked_offsets(offsets, total: int) -> torch.Tensor:
-    """The offsets as a host int64 tensor, checked: ``[0, ..., total]``, non-decreasing."""
-    if not isinstance(offsets, torch.Tensor):
-        offsets = torch.as_tensor(offsets)
-    if offsets.dim() != 1 or offsets.numel() < 1 or offsets.is_floating_point():
-        raise ValueError(f"offsets: expected integer [N+1], got {offsets.dtype} "
+def _checked_offsets(offsets, total: int, device: torch.device) -> torch.Tensor:
+    """The offsets (on ``device`` or the host) as a host int64 tensor, checked: ``[0, ...,
+    total]``, non-decreasing."""
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
+        got = getattr(offsets, "dtype", type(offsets).__name__)
+        raise TypeError(f"offsets: expected an int32 or int64 tensor [N+1], got {got}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"offsets: expected 1-D [N+1] with at least one entry, got shape "
                          f"{list(offsets.shape)}")
+    if offsets.device not in (device, torch.device("cpu")):
+        raise ValueError(f"offsets: expected device {device} (the tokens') or cpu, got "
+                         f"{offsets.device}")
     host = offsets.detach().to("cpu", torch.int64)
     if int(host[0]) != 0 or int(host[-1]) != total:
         raise ValueError(f"offsets: expected offsets[0] == 0 and offsets[-1] == {total} (the "
