@@ -238,6 +238,26 @@ def time_batches(search, queries, batch, device, target_s):
     return sorted(times)[len(times) // 2]
 
 
+def kernel_profile(search, queries, device, top=8):
+    """Where one call's device time goes: ``{"kernels_ms": total, "top": {kernel: ms}}`` of one
+    profiled call (torch.profiler), the ``top`` longest kernels by name; empty on the CPU."""
+    if device.type != "cuda":
+        return {}
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        search(queries)
+        sync(device)
+    totals = {}
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA:
+            name = event.name[:80]
+            totals[name] = totals.get(name, 0.0) + event.time_range.elapsed_us() / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return {"kernels_ms": sum(totals.values()), "top": dict(ranked[:top])}
+
+
 def floor_ms(impl, batch, tokens, dim, ceilings):
     """The row's floor: max(tensor-core time over the real tokens, HBM time of the scanned
     bytes); None for an approximate index, or without measured ceilings."""
@@ -295,7 +315,10 @@ def measure_impl(impl, data, spec, args, ceilings, device, emit):
         p50 = time_batches(search, data.queries, batch, device, args.target_s)
         work = (torch.cuda.max_memory_allocated(device) - start_alloc
                 if device.type == "cuda" else 0)
-        emit({"corpus": name, "docs": len(data.lengths), "tokens": tokens, "dim": dim,
+        extra = {}
+        if args.profile:
+            extra["profile"] = kernel_profile(search, data.queries[:batch], device)
+        emit(extra | {"corpus": name, "docs": len(data.lengths), "tokens": tokens, "dim": dim,
               "batch": batch, "impl": impl, "qps": batch * 1e3 / p50, "p50_ms": p50,
               "recall_at_10": recall, "hit_at_1": hit,
               "floor_ms": floor_ms(impl, batch, tokens, dim, ceilings), "build_s": build_s,
@@ -327,6 +350,8 @@ def parse_args(argv=None):
     p.add_argument("--target-s", type=float, default=1.0, help="timed seconds per row, about")
     p.add_argument("--memory-mb", type=float, default=1024,
                    help="retrieve's working-memory budget (MAXSIM_TORCH_MEMORY_MB): chunk size")
+    p.add_argument("--profile", action="store_true",
+                   help="add each row's kernel-time breakdown of one call (torch.profiler)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--index-dir", default="/tmp/search_plaid")
     p.add_argument("--out", default=None, help="default bench_results/search-<gpu>.json")
@@ -386,6 +411,8 @@ def main(argv=None):
               f"recall {row.get('recall_at_10') or 0:.3f}  hit@1 {row.get('hit_at_1') or 0:.3f}  "
               f"floor {row.get('floor_ms') or 0:.2f} ms  {row.get('gpu_mb') or 0:,.0f} MB  "
               f"{row.get('status', '')}", flush=True)
+        for kernel, ms in list(row.get("profile", {}).get("top", {}).items())[:4]:
+            print(f"{'':>12}{ms:9.3f} ms  {kernel}")
 
     for name in args.corpora:
         docs = max(50, CORPORA[name] // 1000) if args.smoke else CORPORA[name]

@@ -67,6 +67,8 @@ def _moved(v, device, other):
         return v.to(device)
     if isinstance(v, maxsim.QuantizedTokens):
         return maxsim.QuantizedTokens(v.codes.to(device), v.scale.to(device))
+    if isinstance(v, maxsim.Corpus):
+        return v.to(device)
     return v
 
 
@@ -283,6 +285,20 @@ def _two_stage(d):
     return kw, checks, None
 
 
+def _packed_corpus(d):
+    lengths = torch.tensor([d.int(0, 6) for _ in range(d.int(1, 5))])
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    return dict(offsets=offsets, tokens=d.tokens(int(offsets[-1]))), [], None
+
+
+def _retrieve_packed(d):
+    kw, _, _ = _packed_corpus(d)
+    corpus = maxsim.Corpus(**kw)
+    kw = dict(Q=d.tokens(d.int(1, 4), d.int(1, 6)), corpus=corpus, top_k=d.int(1, len(corpus)),
+              chunk_size=d.int(1, 3))
+    return kw, [], None
+
+
 def _segments(d):
     nq, lq, n, total = d.int(1, 3), d.int(1, 5), d.int(1, 5), d.int(6, 30)
     starts = sorted(d.int(0, total - 1) for _ in range(n))
@@ -325,6 +341,8 @@ ENTRIES = {
     "maxsim_segments": (maxsim.maxsim_segments, _segments, "static"),
     "retrieve": (maxsim.retrieve, _retrieve, "static"),
     "retrieve[rescore]": (maxsim.retrieve, _two_stage, "static"),
+    "retrieve[Corpus]": (maxsim.retrieve, _retrieve_packed, "static"),
+    "Corpus": (maxsim.Corpus, _packed_corpus, "static"),
     "contrastive_loss": (maxsim.contrastive_loss, _with_targets(_padded), "loss"),
     "contrastive_loss[candidates]": (maxsim.contrastive_loss, _with_targets(_candidates), "loss"),
     "contrastive_step": (maxsim.contrastive_step, _with_targets(_padded), "loss"),

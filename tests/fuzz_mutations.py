@@ -91,7 +91,7 @@ _EXTRA = {  # Python arguments the corpus adds (the valid calls leave them at th
 def static_mutations(entry, kw, draw):
     """``(what, kwargs, name, error)`` for each wrong-everywhere change of one argument."""
     first = next(k for k, v in kw.items() if _role(v) in ("tokens", "quantized"))
-    no_backend = ("quantize", "dequantize", "QuantizedTokens", "MaxSimScorer")
+    no_backend = ("quantize", "dequantize", "QuantizedTokens", "MaxSimScorer", "Corpus")
     names = list(kw) + ["backend"] * (entry not in no_backend)
     names += [x for key, extra in _EXTRA.items() if entry.startswith(key) for x in extra]
     for arg in names:

@@ -88,9 +88,11 @@ def test_codes_only_scan_scores_the_dequantized_tokens(backend_device, fmt):
 
 
 def test_two_stage_returns_exact_scores_of_the_tokens(backend_device):
+    """Grid values: the pairs kernel (rescore) and the all-pairs one (scan) give the same fp32
+    scores, so the two-stage search over every document is the exact scan, ties included."""
     backend, device = backend_device
-    docs = ragged([int(n) for n in torch.randint(0, 20, (60,))], 32, torch.float16, device)
-    Q = values((5, 7, 32), torch.float16, device)
+    docs = ragged([int(n) for n in torch.randint(0, 20, (60,))], 32, torch.float16, device, "grid")
+    Q = values((5, 7, 32), torch.float16, device, "grid")
     corpus = maxsim.Corpus.from_embeddings(docs, codes="int8")
     scores, indices = maxsim.retrieve(Q, corpus, 5, rescore=True, candidates=60,
                                       chunk_size=16, backend=backend)
@@ -175,7 +177,9 @@ def test_int8_scan_on_cuda_rescored_matches_the_fp16_scan():
     Q = (Q + 0.3 * torch.randn_like(Q)).half()
     exact, exact_ids = maxsim.retrieve(Q, corpus.tokens_only(), 10)
     scores, ids = maxsim.retrieve(Q, corpus, 10, rescore=True, candidates=100)
-    assert torch.equal(ids, exact_ids)
-    torch.testing.assert_close(scores, exact, rtol=1e-5, atol=1e-5)  # pairs vs all-pairs kernel
+    # the pairs kernel and the all-pairs one may sum in another order: near-ties may swap
+    torch.testing.assert_close(scores, exact, rtol=1e-5, atol=1e-5)
+    overlap = (ids[:, :, None] == exact_ids[:, None, :]).any(1).float().mean()
+    assert overlap >= 0.99, (ids, exact_ids)
     codes_scores, _ = maxsim.retrieve(maxsim.quantize(Q), corpus.codes_only(), 10)
     assert (codes_scores - exact).abs().max() < 0.05 * exact.abs().max()

@@ -4,6 +4,12 @@ computes on padding. Built once from ragged embeddings, saved and loaded with sa
 A corpus holds the tokens in a float dtype (fp16 for search), 8-bit codes of the same tokens
 (:func:`maxsim.quantize`, one fp32 scale per token), or both: the codes for a fast first scan,
 the tokens for the exact rescoring of its candidates (:func:`maxsim.retrieve`).
+
+Memory of the two-stage search, per token of dim H, against the fp16 tokens' 2H bytes: codes and
+tokens on the GPU hold 3H + 4 bytes (1.52x at H = 96: no second fp16 copy, the rescoring reads
+the tokens in place by id); codes on the GPU with the tokens in host memory hold H + 4 (0.52x),
+plus the candidates' tokens copied per call. Either way the scan adds at most its working budget
+(``MAXSIM_TORCH_MEMORY_MB``: the scores of one chunk of documents and their top-k).
 """
 
 from typing import Optional, Sequence
@@ -12,6 +18,7 @@ import torch
 
 from .quantize import DTYPES, QuantizedTokens, quantize
 
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # Tokens quantized per step when codes are made from a stored corpus: bounds the fp32 temporaries.
 _QUANTIZE_TOKENS = 1 << 22
 
@@ -32,9 +39,10 @@ class Corpus:
         if tokens is None and codes is None:
             raise ValueError("Corpus: expected tokens, codes or both, got neither")
         if tokens is not None:
-            if not isinstance(tokens, torch.Tensor) or not tokens.is_floating_point():
+            if not isinstance(tokens, torch.Tensor) or tokens.dtype not in _FLOATS:
                 got = getattr(tokens, "dtype", type(tokens).__name__)
-                raise TypeError(f"tokens: expected a float tensor [T, H], got {got}")
+                raise TypeError(f"tokens: expected a float32, float16 or bfloat16 tensor [T, H], "
+                                f"got {got}")
             if tokens.dim() != 2:
                 raise ValueError(f"tokens: expected [T, H], got shape {list(tokens.shape)}")
         if codes is not None:
@@ -45,7 +53,7 @@ class Corpus:
                                  f"{list(codes.shape)}")
         side = codes.codes if codes is not None else tokens
         self.tokens, self.codes = tokens, codes
-        self.host_offsets = _checked_offsets(offsets, side.size(0))
+        self.host_offsets = _checked_offsets(offsets, side.size(0), side.device)
         self.offsets = self.host_offsets.to(side.device)
 
     @classmethod
@@ -191,13 +199,18 @@ class Corpus:
                 f"{'+'.join(held)}, {self.nbytes:,} bytes on {self.device})")
 
 
-def _checked_offsets(offsets, total: int) -> torch.Tensor:
-    """The offsets as a host int64 tensor, checked: ``[0, ..., total]``, non-decreasing."""
-    if not isinstance(offsets, torch.Tensor):
-        offsets = torch.as_tensor(offsets)
-    if offsets.dim() != 1 or offsets.numel() < 1 or offsets.is_floating_point():
-        raise ValueError(f"offsets: expected integer [N+1], got {offsets.dtype} "
+def _checked_offsets(offsets, total: int, device: torch.device) -> torch.Tensor:
+    """The offsets (on ``device`` or the host) as a host int64 tensor, checked: ``[0, ...,
+    total]``, non-decreasing."""
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
+        got = getattr(offsets, "dtype", type(offsets).__name__)
+        raise TypeError(f"offsets: expected an int32 or int64 tensor [N+1], got {got}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"offsets: expected 1-D [N+1] with at least one entry, got shape "
                          f"{list(offsets.shape)}")
+    if offsets.device not in (device, torch.device("cpu")):
+        raise ValueError(f"offsets: expected device {device} (the tokens') or cpu, got "
+                         f"{offsets.device}")
     host = offsets.detach().to("cpu", torch.int64)
     if int(host[0]) != 0 or int(host[-1]) != total:
         raise ValueError(f"offsets: expected offsets[0] == 0 and offsets[-1] == {total} (the "

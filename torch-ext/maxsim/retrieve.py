@@ -55,7 +55,8 @@ def retrieve(
     ``chunk_size`` documents at a time on the all-pairs kernels: its float tokens, or its codes
     when it holds no tokens. With ``rescore=True`` a corpus holding both is searched in two
     stages: its int8 codes against int8 queries (quantized per call: integer tensor cores)
-    keep ``candidates`` documents per query, which are rescored exactly against its tokens.
+    keep ``candidates`` documents per query, which are rescored exactly against its tokens
+    (a query holding NaN scores NaN for its candidates, which the scan chose).
     """
     if isinstance(corpus, Corpus):
         if d_mask is not None or d_lengths is not None:
