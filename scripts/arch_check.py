@@ -4,7 +4,8 @@ compute-sanitizer memcheck (sanitize_cases.py's kernel calls and fuzz corpus, an
 workload once at a capped size) and the bench workloads' kernel time against the naive einsum on
 the same card. Run on the GPU machine by `scripts/gpu_check.sh archs`:
 
-    [ARCHS="t4 a100 a10g"] [ARCH_BUDGET_S=510] python3 scripts/arch_check.py --out $OUT
+    [ARCHS="t4 a100 a10g"] [ARCH_BUDGET_S=510] [ARCH_SKIP="gpu_check bench"] \
+        python3 scripts/arch_check.py --out $OUT
 
 Writes $OUT/archs.json (bench_results/archs.json's entries of GPUs not run here are kept, so two
 calls of three GPUs each add up) and logs under $OUT/archs/. Builds run side by side, then the
@@ -72,6 +73,9 @@ def step(run, gpu, name, cmd, jobs=16):
     it was not run or timed out, log text, seconds)."""
     limit = min(STEP_LIMIT_S[name], run.left())
     log = run.logs / f"{gpu.name}_{name}.log"
+    if name in os.environ.get("ARCH_SKIP", "").split():
+        log.write_text("not run: ARCH_SKIP\n")
+        return None, "", 0.0
     if limit < 20:
         log.write_text("not run: out of time\n")
         return None, "", 0.0
@@ -254,8 +258,8 @@ def table(entries):
             result += " (slower than naive)"
         kb = e["smem_per_block"] // 1024
         lines.append(f"{e['arch']:<8} {e['sm']:>4} {e['sms']:>4} {kb:>5}KB "
-                     f"{chk.get('passed', '-')}/{chk.get('failed', '-'):<5} "
-                     f"{tst.get('passed', '-'):>5}/{tst.get('failed', '-'):<4} "
+                     f"{chk.get('passed', '-')}/{str(chk.get('failed', '-')):<5} "
+                     f"{tst.get('passed', '-'):>5}/{str(tst.get('failed', '-')):<4} "
                      f"{str(e.get('memcheck_errors', '-')):>8} {speed:>22}  {result}")
     return "\n".join(lines)
 
