@@ -18,7 +18,7 @@ import torch
 from . import metal
 from ._ops import load_cpu_ops, load_cuda_ops
 from .registry import register_fakes, torch_ops
-from .settings import fp32_on_tf32
+from .settings import _assume_constant_result, fp32_on_tf32
 from .validation import TokenSet
 
 BACKENDS = ("auto", "cuda", "cpu", "metal", "torch")
@@ -63,9 +63,8 @@ def _metal_ready() -> bool:
     return metal.GATE.verdict()[0] is not None
 
 
-if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "assume_constant_result"):
-    # Under torch.compile the decision is taken eagerly at trace time, never traced.
-    _metal_ready = torch._dynamo.assume_constant_result(_metal_ready)
+# Under torch.compile the decision is taken eagerly at trace time, never traced.
+_metal_ready = _assume_constant_result(_metal_ready)
 
 
 _CPU = []  # [(ops, reason)] once looked up
