@@ -218,6 +218,16 @@ def memcheck_cases():
     return 1 if mismatches or failed else 0
 
 
+def guarded(stage, run, gpu, entry):
+    """Runs a stage of one GPU; a failure of this script is recorded in the entry, and the other
+    GPUs and stages go on."""
+    try:
+        stage(run, gpu, entry)
+    except Exception as e:  # noqa: BLE001 - the entry says what broke
+        entry.setdefault("errors", []).append(f"{stage.__name__}: {type(e).__name__}: {e}")
+        print(f"  {gpu.name:<8} {stage.__name__} broke: {type(e).__name__}: {e}", flush=True)
+
+
 def new_entry(gpu, ran_on, commit):
     return {"arch": gpu.name, "sm": gpu.capability[0] * 10 + gpu.capability[1],
             "smem_per_block": gpu.smem_per_block, "sms": gpu.sms,
@@ -228,7 +238,7 @@ def new_entry(gpu, ran_on, commit):
 
 def passed(entry):
     """Whether an entry ran everything with no failure and no memcheck error."""
-    return bool(entry.get("gpu_check") and entry.get("tests")) and \
+    return bool(entry.get("gpu_check") and entry.get("tests")) and "errors" not in entry and \
         entry["gpu_check"]["failed"] == 0 and entry["gpu_check"]["passed"] > 0 and \
         entry["tests"]["failed"] == 0 and entry["tests"]["passed"] > 0 and \
         "error" not in entry["gpu_check"] and "error" not in entry["tests"] and \
@@ -312,10 +322,10 @@ def main():
         entry["seconds"]["build"] = round(built[gpu.ptx][1])
     ready = [(g, e) for g, e in zip(gpus, entries) if built[g.ptx][0]]
     with ThreadPoolExecutor(int(os.environ.get("ARCH_PARALLEL", "3"))) as pool:
-        list(pool.map(lambda ge: checks(run, *ge), ready))
+        list(pool.map(lambda ge: guarded(checks, run, *ge), ready))
     write(run, entries)
     for gpu, entry in ready:
-        bench(run, gpu, entry)
+        guarded(bench, run, gpu, entry)
         write(run, entries)
     print(table(write(run, entries)), flush=True)
     return 0 if all(passed(e) for e in entries) else 1
