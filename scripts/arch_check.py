@@ -119,7 +119,9 @@ def checks(run, gpu, entry):
     tests = os.environ.get("ARCH_TESTS", TEST_ARGS).split()
     cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     rc, log, s = step(run, gpu, "tests", cmd)
-    summary = log.strip().splitlines()[-1] if log.strip() else ""
+    final = re.compile(r"\d+ (passed|failed|errors?)\b.* in ")  # pytest's closing line
+    finals = [ln for ln in log.splitlines() if final.search(ln)]
+    summary = finals[-1] if finals else ""
     entry["tests"] = {"passed": count(r"(\d+) passed", summary),
                       "failed": count(r"(\d+) (?:failed|errors?)\b", summary),
                       "skipped": count(r"(\d+) skipped", summary)}
