@@ -16,6 +16,7 @@ Exit status 1 when any check, test or memcheck failed or did not run.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -26,8 +27,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "torch-ext"))
-from maxsim import emulation  # noqa: E402
+
+
+def load_emulation():
+    """maxsim/emulation.py by path: importing the package here would build its extension for
+    this card in this process, which emulates nothing."""
+    path = ROOT / "torch-ext" / "maxsim" / "emulation.py"
+    spec = importlib.util.spec_from_file_location("maxsim_emulation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+emulation = load_emulation()
 
 # The CUDA-marked tests that run kernels; left out: integrations, several GPUs, examples, docs,
 # Metal, and test_gpu_check (it builds its own sm_90a extension).
@@ -123,7 +135,9 @@ def checks(run, gpu, entry):
     tests = os.environ.get("ARCH_TESTS", TEST_ARGS).split()
     cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     rc, log, s = step(run, gpu, "tests", cmd)
-    summary = log.strip().splitlines()[-1] if log.strip() else ""
+    final = re.compile(r"\d+ (passed|failed|errors?)\b.* in ")  # pytest's closing line
+    finals = [ln for ln in log.splitlines() if final.search(ln)]
+    summary = finals[-1] if finals else ""
     entry["tests"] = {"passed": count(r"(\d+) passed", summary),
                       "failed": count(r"(\d+) (?:failed|errors?)\b", summary),
                       "skipped": count(r"(\d+) skipped", summary)}
@@ -222,6 +236,16 @@ def memcheck_cases():
     return 1 if mismatches or failed else 0
 
 
+def guarded(stage, run, gpu, entry):
+    """Runs a stage of one GPU; a failure of this script is recorded in the entry, and the other
+    GPUs and stages go on."""
+    try:
+        stage(run, gpu, entry)
+    except Exception as e:  # noqa: BLE001 - the entry says what broke
+        entry.setdefault("errors", []).append(f"{stage.__name__}: {type(e).__name__}: {e}")
+        print(f"  {gpu.name:<8} {stage.__name__} broke: {type(e).__name__}: {e}", flush=True)
+
+
 def new_entry(gpu, ran_on, commit):
     return {"arch": gpu.name, "sm": gpu.capability[0] * 10 + gpu.capability[1],
             "smem_per_block": gpu.smem_per_block, "sms": gpu.sms,
@@ -232,7 +256,7 @@ def new_entry(gpu, ran_on, commit):
 
 def passed(entry):
     """Whether an entry ran everything with no failure and no memcheck error."""
-    return bool(entry.get("gpu_check") and entry.get("tests")) and \
+    return bool(entry.get("gpu_check") and entry.get("tests")) and "errors" not in entry and \
         entry["gpu_check"]["failed"] == 0 and entry["gpu_check"]["passed"] > 0 and \
         entry["tests"]["failed"] == 0 and entry["tests"]["passed"] > 0 and \
         "error" not in entry["gpu_check"] and "error" not in entry["tests"] and \
@@ -316,10 +340,10 @@ def main():
         entry["seconds"]["build"] = round(built[gpu.ptx][1])
     ready = [(g, e) for g, e in zip(gpus, entries) if built[g.ptx][0]]
     with ThreadPoolExecutor(int(os.environ.get("ARCH_PARALLEL", "3"))) as pool:
-        list(pool.map(lambda ge: checks(run, *ge), ready))
+        list(pool.map(lambda ge: guarded(checks, run, *ge), ready))
     write(run, entries)
     for gpu, entry in ready:
-        bench(run, gpu, entry)
+        guarded(bench, run, gpu, entry)
         write(run, entries)
     print(table(write(run, entries)), flush=True)
     return 0 if all(passed(e) for e in entries) else 1

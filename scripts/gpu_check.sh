@@ -4,7 +4,7 @@
 #
 #   [BENCH_ARGS=...] bash scripts/gpu_check.sh [stage ...]
 #                                             stages: check test integ bench hub profile ncu
-#                                             ncu_rerank sanitize fuzz archs search
+#                                             ncu_rerank sanitize fuzz archs jit search
 #                                             (default: check test bench)
 #
 # Peer and helper wheels placed in .whl/ are installed into /tmp/site first. `integ` installs the
@@ -14,7 +14,8 @@
 # may be stale). The exit status is non-zero when any stage's test run, check, benchmark or
 # sanitizer failed, whatever pipes its output goes through. `archs` runs check, the CUDA tests,
 # memcheck and maxsim-vs-naive kernel times per emulated GPU (ARCHS="t4 a100 a10g l4 b200
-# rtx5090" selects; scripts/arch_check.py) into $OUT/archs.json.
+# rtx5090" selects; scripts/arch_check.py) into $OUT/archs.json; `jit` times the first use of a
+# compute_90 PTX build against sm_90a machine code (scripts/jit_cost.py) into $OUT/jit_cost.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maxsim_out}
@@ -114,6 +115,7 @@ for stage in "${stages[@]}"; do
         | tee -a "$OUT/fuzz.log"
       ran "fuzz corpus (MAXSIM_DEBUG=1)" ;;
     archs) python3 scripts/arch_check.py --out "$OUT" 2>&1 | tee "$OUT/archs.log"; ran "arch_check.py" ;;
+    jit) python3 scripts/jit_cost.py --out "$OUT" 2>&1 | tee "$OUT/jit_cost.log"; ran "jit_cost.py" ;;
     search)
       # Corpus search against fast-plaid: its wheels (.whl/search/) go to /tmp/search only.
       # SEARCH_ARGS selects (e.g. "--corpora fiqa --dims 96 --budget-s 480"); rows merge into
@@ -128,7 +130,7 @@ for stage in "${stages[@]}"; do
       PYTHONPATH="/tmp/search:$PYTHONPATH" python3 benchmarks/search.py --out "$OUT/search.json" \
         ${SEARCH_ARGS:-} 2>&1 | tail -n 120 | tee "$OUT/search.log"
       ran "search.py" ;;
-    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz archs search)"; status=2 ;;
+    *) echo "unknown stage $stage (check test integ bench hub profile ncu ncu_rerank sanitize fuzz archs jit search)"; status=2 ;;
   esac
   echo "::: $stage took $((SECONDS - start)) s"
 done

@@ -182,3 +182,42 @@ def test_toolkit_archs_reads_nvcc(tmp_path):
     nvcc.chmod(0o755)
     assert _ops.toolkit_archs(tmp_path) == {"7.5", "9.0", "10.0", "12.1"}
     assert _ops.toolkit_archs(tmp_path / "none") is None
+
+
+def test_arch_check_reads_each_steps_output(tmp_path, monkeypatch):
+    """The stages against canned step outputs: what each log line becomes in the entry."""
+    ac = _arch_check()
+    logs = {
+        "build": (0, "JIT-built x\n"),
+        "gpu_check": (0, "build: 1.0 s\nchecks: 958/958 passed in 50.1 s\n"),
+        "tests": (1, "....F\nFAILED tests/test_x.py::t\n"
+                  "1 failed, 812 passed, 9 skipped in 80.2s\n"),
+        "memcheck": (0, "memcheck cases: done (0 fuzz mismatches, 0 failed calls)\n"
+                        "========= ERROR SUMMARY: 0 errors\n"),
+    }
+
+    def fake_step(run, gpu, name, cmd, jobs=16):
+        if name == "bench":
+            (run.logs / f"{gpu.name}_bench.json").write_text(
+                json.dumps({"rerank/fp16": {"maxsim_ms": 0.1, "naive_ms": 0.5}}))
+            return 0, "", 1.0
+        return (*logs[name], 2.0)
+
+    monkeypatch.setattr(ac, "step", fake_step)
+    run = ac.Run(tmp_path, 60)
+    gpus = [emulation.GPUS["b200"], emulation.GPUS["rtx5090"]]
+    assert ac.build(run, gpus) == {"9.0": (True, 2.0)}  # one build serves both
+    entry = ac.new_entry(gpus[0], "H100", "abc")
+    ac.guarded(ac.checks, run, gpus[0], entry)
+    ac.guarded(ac.bench, run, gpus[0], entry)
+    assert entry["gpu_check"] == {"passed": 958, "failed": 0}
+    assert entry["tests"] == {"passed": 812, "failed": 1, "skipped": 9}
+    assert entry["memcheck_errors"] == 0 and "memcheck_error" not in entry
+    assert entry["bench"] == {"rerank/fp16": {"maxsim_ms": 0.1, "naive_ms": 0.5}}
+    assert not ac.passed(entry)  # the failed test
+    entry["tests"]["failed"] = 0
+    assert ac.passed(entry)
+    monkeypatch.setattr(ac, "step", lambda *a, **k: (None, "", 0.0))  # out of time
+    late = ac.new_entry(gpus[1], "H100", "abc")
+    ac.guarded(ac.checks, run, gpus[1], late)
+    assert late["gpu_check"]["failed"] is None and not ac.passed(late)

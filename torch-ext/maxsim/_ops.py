@@ -197,15 +197,7 @@ def device_arch(major, minor):
 def toolkit_archs(home):
     """The compute capabilities that nvcc at `home` compiles, e.g. {"7.5", ..., "12.0"}, or None
     where it does not say."""
-    try:
-        out = subprocess.run(
-            [str(Path(home) / "bin" / "nvcc"), "--list-gpu-arch"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
+    out = _nvcc_says(home, "--list-gpu-arch") or ""
     found = {f"{num[:-1]}.{num[-1]}" for num in re.findall(r"compute_(\d+)", out)}
     return found or None
 
@@ -271,17 +263,18 @@ def use_cuda_home(home):
 
 def cuda_version_of(home):
     """The toolkit's version ("13.0") as its nvcc reports it, or None."""
+    match = re.search(r"release (\d+\.\d+)", _nvcc_says(home, "--version") or "")
+    return match.group(1) if match else None
+
+
+def _nvcc_says(home, flag):
+    """What nvcc at `home` prints for `flag`, or None where it cannot run."""
     try:
-        out = subprocess.run(
-            [str(Path(home) / "bin" / "nvcc"), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        return subprocess.run(
+            [str(Path(home) / "bin" / "nvcc"), flag], capture_output=True, text=True, timeout=60
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
 
 
 # ---------------------------------------------------------------------------------------------

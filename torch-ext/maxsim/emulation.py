@@ -51,6 +51,10 @@ class EmulationRefused(RuntimeError):
     """The loaded build cannot stand in for the emulated GPU (raised, never degraded)."""
 
 
+class UnknownGpu(EmulationRefused, ValueError):
+    """MAXSIM_EMULATE_GPU names no GPU of the table."""
+
+
 @functools.cache
 def emulated_gpu():
     """The GPU named by MAXSIM_EMULATE_GPU, or None when it is unset or empty."""
@@ -58,7 +62,7 @@ def emulated_gpu():
     if not name:
         return None
     if name not in GPUS:
-        raise ValueError(f"{ENV}: expected one of {', '.join(GPUS)}, got {name!r}")
+        raise UnknownGpu(f"{ENV}: expected one of {', '.join(GPUS)}, got {name!r}")
     return GPUS[name]
 
 
