@@ -106,7 +106,10 @@ def static_mutations(entry, kw, draw):
             if entry == "QuantizedTokens" and arg == "codes" and what != "a list":
                 continue  # int8 codes are no index: see below
             yield f"{arg}: {what}", {**kw, arg: change(value)}, name, error
-        if role in ("tokens", "index", "mask", "quantized") and arg not in (first, "codes"):
+        # Corpus takes its offsets on the host too (it keeps a host copy to slice chunks)
+        host_ok = entry == "Corpus" and arg == "offsets"
+        if role in ("tokens", "index", "mask", "quantized") and arg not in (first, "codes") \
+                and not host_ok:
             yield f"{arg}: on another device", {**kw, arg: Elsewhere(value)}, arg, ValueError
         if role == "tokens" and arg != first and entry not in ("QuantizedTokens", "quantize"):
             wider = torch.cat([value, value[..., :1]], dim=-1)

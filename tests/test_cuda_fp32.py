@@ -94,7 +94,8 @@ def test_split_tf32_is_within_fp32_accuracy(lq, nd, ld):
     assert_close_rel(exact, ref, 1e-6)
     assert (exact.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
     assert_close_rel(rounded, ref, 3e-3)
-    assert not torch.equal(rounded, exact), "tf32=True took the split products"
+    if device_capability() >= (8, 0):  # below sm_80 no TF32 tile exists: both modes are fp32
+        assert not torch.equal(rounded, exact), "tf32=True took the split products"
 
 
 @pytest.mark.parametrize("tf32", MODES)
