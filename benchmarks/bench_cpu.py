@@ -249,7 +249,9 @@ def bench_this_process(mode, names, reps, cores):
                 torch.set_num_threads(threads)
                 fns = {k: v for k, v in impls.items() if k != "maxsim-cpu" or threads == cores}
                 for row in run_rows(name, dtype_name, fns, ref, threads, reps):
-                    row.update(isa=isa, isa_mode=mode, cpu=model, cpu_flags=flags)
+                    # The bf16 tile takes bf16 inputs only; others run the AVX-512 one (tile.h).
+                    tile = "avx512" if isa == "avx512bf16" and dtype_name != "bf16" else isa
+                    row.update(isa=tile, isa_mode=mode, cpu=model, cpu_flags=flags)
                     rows.append(row)
                     print(f"{mode:>10} {isa:<10} {name:<18} {dtype_name:<5} {row['impl']:<19} "
                           f"{threads:>2}t {row['ms_p50'] or float('nan'):9.2f} ms  rel_err "
