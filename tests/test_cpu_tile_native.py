@@ -25,9 +25,11 @@ def build_and_run(cxx, out, extra=(), runner=()):
     return done.stdout
 
 
-@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
-def test_tile_on_this_cpus_isas(tmp_path):
-    out = build_and_run("c++", tmp_path / "tile_test")
+@pytest.mark.parametrize("cxx", ["c++", "clang++"])  # GCC's and clang's target pragmas
+def test_tile_on_this_cpus_isas(tmp_path, cxx):
+    if shutil.which(cxx) is None:
+        pytest.skip(f"no {cxx}")
+    out = build_and_run(cxx, tmp_path / "tile_test")
     assert " 0 mismatches" in out and "cases compared" in out, out
 
 
