@@ -550,37 +550,60 @@ def render(results, docs_dir: Path, readme_dir: Path, page: Path,
     return "\n".join(readme), "\n".join(full), files
 
 
-CPU_IMPLS = ("maxsim", "maxsim-torch", "naive", "maxsim-cpu")
+CPU_IMPLS = ("maxsim", "maxsim-after-einsum", "maxsim-torch", "naive", "maxsim-cpu")
+
+
+def cpu_isa_label(row) -> str:
+    """The ISA path of a ``bench_cpu.py`` row: "auto (avx512bf16)", a forced "avx2", or "" for
+    files from before the rows named it."""
+    if not row.get("isa"):
+        return ""
+    return f"auto ({row['isa']})" if row.get("isa_mode", "auto") == "auto" else row["isa"]
 
 
 def cpu_section(doc, headline: bool = False) -> list[str]:
-    """The table of ``benchmarks/bench_cpu.py``'s JSON: p50 ms per implementation, and the
-    compiled kernels' speed-up over the naive einsum and maxsim-cpu (their time over ours).
-    ``headline``: all threads only, no commit and no pure-PyTorch column (the README's form)."""
-    impls = [i for i in CPU_IMPLS if not (headline and i == "maxsim-torch")]
+    """The table of ``benchmarks/bench_cpu.py``'s JSON: p50 ms per implementation and ISA path,
+    and the compiled kernels' speed-up over the naive einsum (also when called right after one)
+    and maxsim-cpu (their time over ours). ``headline``: the automatic ISA path on all threads
+    only (named in the heading), no commit and no pure-PyTorch or after-einsum columns (the
+    README's form)."""
+    impls = [i for i in CPU_IMPLS
+             if not (headline and i in ("maxsim-torch", "maxsim-after-einsum"))]
     where = (f"{doc['torch']}" if headline else f"{doc['torch']}, commit {doc['commit']}")
-    out = [f"### CPU: {doc['cpu']} ({doc['threads']} threads)", "",
-           f"_torch {where}; implementations timed interleaved call by call; "
-           + ("" if headline else "`maxsim-torch` is the pure-PyTorch path, ")
+    flags = f" ({doc['cpu_flags']})" if doc.get("cpu_flags") and not headline else ""
+    lead = ["workload", "dtype"] if headline else ["workload", "dtype", "threads", "ISA"]
+    speeds = ["× naive", "× maxsim-cpu"] if headline else [
+        "× naive", "× naive after einsum", "× maxsim-cpu", "maxsim-torch × naive"]
+    auto_isas = sorted({r["isa"] for r in doc["rows"] if r.get("isa_mode") == "auto"})
+    paths = f", {' / '.join(auto_isas)}" if headline and auto_isas else ""
+    out = [f"### CPU: {doc['cpu']} ({doc['threads']} threads{paths})", "",
+           f"_torch {where}{flags}; implementations timed interleaved call by call; "
+           + ("" if headline else "after einsum: each call made right after an einsum; "
+              "`maxsim-torch` is the pure-PyTorch path, ")
            + "`maxsim-cpu` the Rust + libxsmm package from PyPI (fp32 only)._", "",
-           "| workload | dtype | threads | " + " | ".join(f"{i} ms" for i in impls)
-           + " | × naive | × maxsim-cpu |" + ("" if headline else " maxsim-torch × naive |"),
-           "| --- | --- | ---: | " + " | ".join("---:" for _ in impls) + " | ---: | ---: |"
-           + ("" if headline else " ---: |")]
+           "| " + " | ".join(lead + [f"{i} ms" for i in impls] + speeds) + " |",
+           "| --- | --- | " + ("" if headline else "---: | --- | ")
+           + " | ".join("---:" for _ in impls + speeds) + " |"]
     cells: dict[tuple, dict] = {}
     for r in doc["rows"]:
-        if _ok(r) and not (headline and r["threads"] != doc["threads"]):
-            cells.setdefault((r["workload"], r["dtype"], r["threads"]), {})[r["impl"]] = r["ms_p50"]
-    for (wl, dt, th), ms in cells.items():
-        ours = ms.get("maxsim")
+        auto = r.get("isa_mode", "auto") == "auto"
+        if _ok(r) and not (headline and (r["threads"] != doc["threads"] or not auto)):
+            key = (r["workload"], r["dtype"], r["threads"], cpu_isa_label(r))
+            cells.setdefault(key, {})[r["impl"]] = r["ms_p50"]
+    for (wl, dt, th, isa), ms in cells.items():
+        ours, after = ms.get("maxsim"), ms.get("maxsim-after-einsum")
         peer = ms.get("maxsim-cpu")
-        speed = [f_x(ms["naive"] / ours) if ours and ms.get("naive") else "–",
-                 f_x(peer / ours) if ours and peer else "–"]
-        if not headline:  # the pure-PyTorch path against the einsum it replaces
-            torch_path = ms.get("maxsim-torch")
-            speed.append(f_x(ms["naive"] / torch_path) if torch_path and ms.get("naive") else "–")
+        naive, torch_path = ms.get("naive"), ms.get("maxsim-torch")
+        speed = [f_x(naive / ours) if ours and naive else "–",
+                 f_x(naive / after) if after and naive else "–",
+                 f_x(peer / ours) if ours and peer else "–",
+                 # the pure-PyTorch path against the einsum it replaces
+                 f_x(naive / torch_path) if torch_path and naive else "–"]
+        if headline:
+            speed = [speed[0], speed[2]]
         times = [f_ms(ms.get(i)) if ms.get(i) else "–" for i in impls]
-        out.append(f"| {wl} | {dt} | {th} | " + " | ".join(times + speed) + " |")
+        lead_cells = [wl, dt] if headline else [wl, dt, str(th), isa or "–"]
+        out.append("| " + " | ".join(lead_cells + times + speed) + " |")
     return out + [""]
 
 

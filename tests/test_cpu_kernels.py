@@ -1,10 +1,14 @@
 """What only the compiled CPU kernels have: they build wherever a compiler and ninja exist, their
-results do not depend on the thread count, long documents span several chunks, and unchecked bad
-pair ids read nothing outside the tensors."""
+results do not depend on the thread count, long documents span several chunks, unchecked bad
+pair ids read nothing outside the tensors, every ISA path (MAXSIM_CPU_ISA) matches the float64
+reference and the others, and the kernels run on torch's own OpenMP threads."""
 
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import maxsim
 import pytest
@@ -76,3 +80,75 @@ def test_out_of_range_pair_ids_give_nan_and_no_argmax():
     scores, argmax = ops.fwd(*args)
     assert not scores[0].isnan() and scores[1:].isnan().all()
     assert (argmax[1:] == -1).all()
+
+
+ISAS = ("scalar", "avx2", "avx512", "avx512bf16", "neon")
+TESTS = Path(__file__).resolve().parent
+
+
+def run_isa(isa, out):
+    """tests/cpu_isa_run.py on one forced ISA path; None where this CPU lacks it."""
+    env = dict(os.environ, MAXSIM_CPU_ISA=isa)
+    done = subprocess.run([sys.executable, str(TESTS / "cpu_isa_run.py"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 and "expected one this CPU runs" in done.stderr:
+        return None
+    assert done.returncode == 0, f"MAXSIM_CPU_ISA={isa}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    return torch.load(out)
+
+
+@needs_cpu_ops
+@pytest.mark.slow
+def test_every_isa_path_matches_float64_and_the_others(tmp_path):
+    """Each path against float64 (in its own process); then across paths: the fp32-accumulating
+    FMA paths (scalar, AVX2, AVX-512, NEON) round alike, so their scores, argmax and gradients are
+    bit-identical in every dtype; the bf16 pair path is too on fp32 / fp16 inputs (it takes only
+    bf16 ones) and on grid data, where every sum is exact."""
+    outputs = {isa: run_isa(isa, tmp_path / f"{isa}.pt") for isa in ISAS}
+    ran = {isa: out for isa, out in outputs.items() if out is not None}
+    assert "scalar" in ran and len(ran) >= 2, sorted(ran)
+    base = ran["scalar"]
+    for isa, out in ran.items():
+        assert out["isa"] == isa
+        for key, tensors in base.items():
+            if key == "isa" or (isa == "avx512bf16" and key.startswith("bf16") and "normal" in key):
+                continue
+            for a, b in zip(tensors, out[key], strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True,
+                                           msg=f"{isa} differs from scalar on {key}")
+
+
+@needs_cpu_ops
+def test_an_isa_the_cpu_lacks_is_refused_by_name():
+    env = dict(os.environ, MAXSIM_CPU_ISA="sse1")
+    code = ("import maxsim, torch; ops = maxsim.select_ops(torch.device('cpu'), 'cpu')\n"
+            "try:\n    ops.cpu_isa()\nexcept ValueError as e:\n    print(e)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "MAXSIM_CPU_ISA=sse1: expected one this CPU runs (scalar" in done.stdout, done.stderr
+
+
+@needs_cpu_ops
+def test_one_openmp_runtime_and_set_num_threads_obeyed_after_an_einsum():
+    """The kernels join torch's OpenMP pool: one libgomp in the process, results after an einsum
+    (whose workers may still spin) equal at 1 and 2 threads."""
+    ops = maxsim.select_ops(torch.device("cpu"), "cpu")
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        gomp = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line}
+        assert len(gomp) <= 1, gomp
+    q = token_set("padded", 7, 13, 33, torch.float32, "cpu")
+    d = token_set("padded", 40, 29, 33, torch.float32, "cpu")
+    args = op_args(q, d, layout=ALLPAIRS, with_argmax=True)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            torch.einsum("qih,djh->qdij", q["x"], d["x"]).amax(-1)
+            results.append(ops.fwd(*args))
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))

@@ -76,14 +76,15 @@ __attribute__((target("avx2,fma"))) void add_scaled_avx2(float* acc, float g, co
 }
 #endif
 
-// acc += g * x: fused multiply-adds 8 lanes at a time on AVX2, else as the compiler vectorizes
-// it (a CPU without FMA units would emulate std::fma). The same machine always takes the same
-// path, so gradients stay bit-identical run after run.
+// acc += g * x, one fused multiply-add per element on every path (AVX2, else std::fma, which the
+// compiler vectorizes where FMA units exist and a CPU without them emulates): gradients are
+// bit-identical run after run, thread count and ISA.
 void add_scaled(float* acc, float g, const float* x, int64_t h) {
 #ifdef MAXSIM_CPU_X86
-  if (has_avx2()) return add_scaled_avx2(acc, g, x, h);
+  static const bool avx2 = cpu_has(Isa::kAvx2);
+  if (avx2 && active_isa() != Isa::kScalar) return add_scaled_avx2(acc, g, x, h);
 #endif
-  for (int64_t k = 0; k < h; ++k) acc[k] += g * x[k];
+  for (int64_t k = 0; k < h; ++k) acc[k] = std::fma(g, x[k], acc[k]);
 }
 
 // acc += g * row (fp32), the row converted through `tmp` unless it is fp32 already.

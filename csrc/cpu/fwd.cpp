@@ -1,8 +1,9 @@
 // The CPU forward: every layout, padded and packed token sets, lengths, masks, argmax.
 //
-// Queries are packed once per call (valid tokens only, transposed, fp32: tile.h's layout); each
-// work item is one document against the queries it is paired with. The document's valid tokens
-// are read in place (fp32) or converted a chunk at a time (fp16 / bf16) and folded into every
+// Queries are packed once per call (valid tokens only, transposed: the layout of the tile that
+// this CPU's ISA and the dtype choose, tile.h); each work item is one document against the
+// queries it is paired with. The document's valid tokens are copied a chunk at a time (as
+// stored for the bf16 tile, else converted to fp32) and folded into every
 // paired query's running max, so similarities never reach memory. Work items are handed out
 // dynamically (threads.h): documents differ in length, and other processes may hold a core.
 #include <ATen/ATen.h>
@@ -20,21 +21,31 @@
 namespace maxsim::cpu {
 namespace {
 
-// The fp32 transposed queries of a call (or of a slab of its queries).
+// The transposed queries of a call (or of a slab of its queries), in the tile's layout.
 struct QueryPack {
+  Tile tile;
   int64_t h = 0;
   std::vector<int64_t> start;  // per query: first float in `qt`
   std::vector<int> count;      // per query: valid tokens packed
-  std::vector<int> token;      // per packed token (kLanes per vector): its index in the query
+  std::vector<int> token;      // per packed token: its index in the query
   std::vector<int64_t> token_start;
-  std::vector<float> qt;
+  std::vector<float> qt;       // fp32 tiles
+  std::vector<uint16_t> qt16;  // the bf16 tile
 
-  int vectors(int64_t i) const { return (count[i] + kLanes - 1) / kLanes; }
+  int vectors(int64_t i) const { return (count[i] + tile.lanes - 1) / tile.lanes; }
+  int64_t vector_elems() const { return query_vector_elems(h, tile.lanes, tile.pair); }
+  // Query i's packed vectors, and those from its packed token c's vector on.
+  const void* of(int64_t i, int c = 0) const {
+    const int64_t e = start[i] + int64_t(c / tile.lanes) * vector_elems();
+    return tile.bf16_rows() ? static_cast<const void*>(qt16.data() + e)
+                            : static_cast<const void*>(qt.data() + e);
+  }
 };
 
-// Packs queries [q0, q1): valid tokens < max_lq, transposed into 8-token vectors, zero-padded.
-QueryPack pack_queries(const Segments& q, int64_t q0, int64_t q1, int64_t max_lq) {
+// Packs queries [q0, q1): valid tokens < max_lq, transposed into the tile's vectors, zero-padded.
+QueryPack pack_queries(const Segments& q, int64_t q0, int64_t q1, int64_t max_lq, Tile tile) {
   QueryPack p;
+  p.tile = tile;
   p.h = q.h;
   const int64_t n = q1 - q0;
   p.start.resize(n + 1);
@@ -49,18 +60,19 @@ QueryPack pack_queries(const Segments& q, int64_t q0, int64_t q1, int64_t max_lq
     for (int64_t t = 0; t < len; ++t)
       if (q.valid(q0 + i, t)) p.token.push_back(static_cast<int>(t));
     p.count[i] = static_cast<int>(p.token.size() - p.token_start[i]);
-    floats += int64_t(p.vectors(i)) * kLanes * q.h;
+    floats += int64_t(p.vectors(i)) * p.vector_elems();
   }
   p.start[n] = floats;
   p.token_start[n] = static_cast<int64_t>(p.token.size());
-  p.qt.assign(floats, 0.f);
+  if (tile.bf16_rows()) p.qt16.assign(floats, 0);
+  else p.qt.assign(floats, 0.f);
   std::vector<float> row(q.h);
   for (int64_t i = 0; i < n; ++i) {
     const int* tok = p.token.data() + p.token_start[i];
+    void* dst = const_cast<void*>(p.of(i));
     for (int c = 0; c < p.count[i]; ++c) {
-      q.row_fp32(q0 + i, tok[c], row.data());
-      float* dst = p.qt.data() + p.start[i] + int64_t(c / kLanes) * q.h * kLanes + c % kLanes;
-      for (int64_t k = 0; k < q.h; ++k) dst[k * kLanes] = row[k];
+      q.row_fp32(q0 + i, tok[c], row.data());  // bf16 -> fp32 is exact: the bf16 tile's bits
+      store_query_token(tile, q.h, c, row.data(), dst);
     }
   }
   return p;
@@ -74,7 +86,7 @@ struct Target {
 
 // Per-thread scratch: the document chunk's row table (and fp32 copy), the running states.
 struct Scratch {
-  std::vector<const float*> rows;
+  std::vector<const void*> rows;
   std::vector<int> tok;
   std::vector<float> converted;
   std::vector<float> max;
@@ -89,21 +101,27 @@ struct FwdCall {
   float* scores;
   int* argmax;  // [slots, max_lq] prefilled with -1, or null
   int64_t chunk;  // document tokens per chunk
+  Tile tile;
 };
 
-// The dot products of packed query token `c` of `query` with the document's tokens, in order;
-// returns the index of the first NaN (the argmax of a NaN score).
+// The similarities of packed query token `c` of `query` with the document's tokens, in order,
+// each made by the tile on its own (the same arithmetic as the scores); returns the index of the
+// first NaN (the argmax of a NaN score).
 int first_nan_token(const FwdCall& call, int64_t query, int c, int64_t doc, Scratch& s) {
   const QueryPack& p = *call.pack;
-  const float* qv = p.qt.data() + p.start[query] + int64_t(c / kLanes) * p.h * kLanes + c % kLanes;
   const int64_t len = call.d->length(doc);
+  const int lane = c % p.tile.lanes;
+  std::vector<float> max(p.tile.lanes);
+  std::vector<int> nan(p.tile.lanes);
   for (int64_t t0 = 0; t0 < len; t0 += call.chunk) {
     const int n = call.d->gather_rows(doc, t0, std::min(len, t0 + call.chunk), s.rows.data(),
-                                      s.tok.data(), s.converted.data());
+                                      s.tok.data(), s.converted.data(), p.tile.bf16_rows());
     for (int j = 0; j < n; ++j) {
-      float acc = 0.f;
-      for (int64_t k = 0; k < p.h; ++k) acc = std::fma(qv[k * kLanes], s.rows[j][k], acc);
-      if (std::isnan(acc)) return s.tok[j];
+      std::fill(max.begin(), max.end(), -std::numeric_limits<float>::infinity());
+      std::fill(nan.begin(), nan.end(), 0);
+      fold_tokens(p.tile, p.of(query, c), p.h, 1, s.rows.data() + j, s.tok.data() + j, 1,
+                  RowState{max.data(), nullptr, nan.data()});
+      if (nan[lane] != 0) return s.tok[j];
     }
   }
   return -1;
@@ -114,7 +132,7 @@ void score_document(const FwdCall& call, int64_t doc, const Target* targets, int
   const QueryPack& p = *call.pack;
   std::vector<int64_t> state(nt + 1, 0);  // first state entry of each target
   for (int t = 0; t < nt; ++t)
-    state[t + 1] = state[t] + (targets[t].query < 0 ? 0 : p.vectors(targets[t].query) * kLanes);
+    state[t + 1] = state[t] + (targets[t].query < 0 ? 0 : p.vectors(targets[t].query) * p.tile.lanes);
   s.max.assign(state[nt], -std::numeric_limits<float>::infinity());
   s.arg.assign(state[nt], -1);
   s.nan.assign(state[nt], 0);
@@ -123,7 +141,7 @@ void score_document(const FwdCall& call, int64_t doc, const Target* targets, int
   int first_valid = -1;
   for (int64_t t0 = 0; t0 < len; t0 += call.chunk) {
     const int n = call.d->gather_rows(doc, t0, std::min(len, t0 + call.chunk), s.rows.data(),
-                                      s.tok.data(), s.converted.data());
+                                      s.tok.data(), s.converted.data(), p.tile.bf16_rows());
     if (n == 0) continue;
     if (first_valid < 0) first_valid = s.tok[0];
     for (int t = 0; t < nt; ++t) {
@@ -131,7 +149,7 @@ void score_document(const FwdCall& call, int64_t doc, const Target* targets, int
       const int64_t i = targets[t].query, e = state[t];
       const RowState rs{s.max.data() + e, call.argmax ? s.arg.data() + e : nullptr,
                         s.nan.data() + e};
-      fold_tokens(p.qt.data() + p.start[i], p.h, p.vectors(i), s.rows.data(), s.tok.data(), n, rs);
+      fold_tokens(p.tile, p.of(i), p.h, p.vectors(i), s.rows.data(), s.tok.data(), n, rs);
     }
   }
   for (int t = 0; t < nt; ++t) {
@@ -210,17 +228,17 @@ void score_all(FwdCall& call, int64_t slots, int64_t layout, int64_t group, cons
   const Segments& qs = *call.q;
   if (layout == kAllPairs) {
     // Queries are packed a slab at a time so that the packed copy stays within half the budget.
-    const int64_t per_query = (call.max_lq + kLanes) * std::max<int64_t>(qs.h, 1) * 4;
+    const int64_t per_query = (call.max_lq + call.tile.lanes) * std::max<int64_t>(qs.h + 1, 1) * 4;
     const int64_t slab = std::max<int64_t>(1, memory_budget_bytes() / 2 / per_query);
     for (int64_t q0 = 0; q0 < qs.count; q0 += slab) {
       const int64_t q1 = std::min(qs.count, q0 + slab);
-      const QueryPack pack = pack_queries(qs, q0, q1, call.max_lq);
+      const QueryPack pack = pack_queries(qs, q0, q1, call.max_lq, call.tile);
       call.pack = &pack;
       fwd_allpairs(call, q0, q1, call.d->count);
     }
     return;
   }
-  const QueryPack pack = pack_queries(qs, 0, qs.count, call.max_lq);
+  const QueryPack pack = pack_queries(qs, 0, qs.count, call.max_lq, call.tile);
   call.pack = &pack;
   fwd_paired(call, slots, layout, group, pair_q, pair_d);
 }
@@ -253,6 +271,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
                                int64_t max_lq, bool with_argmax, bool tf32) {
   (void)tf32;  // fp32 is always exact here
   check_pair(q_in, d_in);
+  const Tile tile = tile_for(active_isa(), q_in.scalar_type() == at::kBFloat16);
   const Tensor q = q_in.contiguous(), d = d_in.contiguous();
   const Segments qs(q, q_offsets, q_lengths, q_mask, "queries");
   const Segments ds(d, d_offsets, d_lengths, d_mask, "documents");
@@ -269,7 +288,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q_in, const Tensor& d_in, const Opt
   int* am = with_argmax && argmax.numel() > 0 ? argmax.data_ptr<int>() : nullptr;
   if (scores.numel() > 0 && max_lq > 0) {
     FwdCall call{&qs, &ds, nullptr, max_lq, scores.data_ptr<float>(), am,
-                 std::clamp<int64_t>(65536 / std::max<int64_t>(qs.h, 1), 16, 1024)};
+                 std::clamp<int64_t>(65536 / std::max<int64_t>(qs.h, 1), 16, 1024), tile};
     score_all(call, scores.numel(), layout, group, pq, pd);
   }
   mark_out_of_range(qs, ds, layout, group, pq, pd, max_lq, scores.data_ptr<float>(), am,

@@ -1,146 +1,157 @@
-// The CPU forward's inner loop, torch-free: similarities of up to 16 query tokens with a run of
+// The CPU forward's inner loop, torch-free: similarities of a few query tokens with a run of
 // document tokens, each folded into a running per-query-token max (and argmax) as it is made, so
-// no similarity leaves the registers.
+// no similarity leaves the registers. One tile (tile_body.h) over a vector policy per ISA
+// (simd_x86.h, simd_neon.h, the scalar one here), chosen at run time (isa.h).
 //
-// Queries are packed transposed, 8 query tokens per vector: qt[v][k][lane] = q[8 v + lane][k].
-// Document tokens are read in place through a row-pointer table (fp32 rows), so prefix lengths,
-// masks and packed segments cost nothing here. A 6-token x 16-query register block (12
-// accumulators) keeps both FMA pipes busy; the max, the argmax (strictly greater: the lowest index
-// wins ties) and a NaN flag are per lane, so no horizontal reduction runs in the loop.
+// Queries are packed transposed, kLanes query tokens per vector and kPair dimensions per step:
+// element (token c, dimension k) of a query sits at
+//   (c / kLanes) * query_vector_elems(h) + (k / kPair) * kLanes * kPair + (c % kLanes) * kPair + k % kPair,
+// zero-padded. Document tokens are read through a row-pointer table (fp32 rows, or bf16 rows as
+// stored for the bf16 tile), so prefix lengths, masks and packed segments cost nothing here.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+
+#include "cpu/isa.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define MAXSIM_CPU_X86 1
 #endif
 
-namespace maxsim::cpu {
+#define MAXSIM_ALWAYS_INLINE __attribute__((always_inline))
+#define MAXSIM_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define MAXSIM_TARGET_BEGIN(T) \
+  MAXSIM_PRAGMA(clang attribute push(__attribute__((target(T))), apply_to = function))
+#define MAXSIM_TARGET_END MAXSIM_PRAGMA(clang attribute pop)
+#else
+#define MAXSIM_TARGET_BEGIN(T) MAXSIM_PRAGMA(GCC push_options) MAXSIM_PRAGMA(GCC target(T))
+#define MAXSIM_TARGET_END MAXSIM_PRAGMA(GCC pop_options)
+#endif
 
-constexpr int kLanes = 8;        // query tokens per vector
-constexpr int kTokenBlock = 6;   // document tokens per register block
+namespace maxsim::cpu {
 
 // A query token's running reduction over the document tokens seen so far.
 struct RowState {
-  float* max;   // [8 v] running max per query token
-  int* arg;     // [8 v] token index of the max (-1: none yet), null without argmax
-  int* nan;     // [8 v] nonzero once a NaN similarity was seen
+  float* max;   // [lanes per query vector x vectors] running max per query token
+  int* arg;     // the same: token index of the max (-1: none yet), null without argmax
+  int* nan;     // the same: nonzero once a NaN similarity was seen
 };
 
-// Portable reference of the same contract (any CPU): query vectors [v0, v0 + nv) against the
-// tokens rows[0 .. n), whose indices are tok[0 .. n).
-inline void fold_tokens_scalar(const float* qt, int64_t h, int v0, int nv, const float* const* rows,
-                               const int* tok, int n, RowState s) {
-  for (int v = v0; v < v0 + nv; ++v) {
-    const float* qv = qt + v * h * kLanes;
-    for (int j = 0; j < n; ++j) {
-      float acc[kLanes] = {};
-      for (int64_t k = 0; k < h; ++k)
-        for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(qv[k * kLanes + l], rows[j][k], acc[l]);
-      for (int l = 0; l < kLanes; ++l) {
-        const int i = v * kLanes + l;
-        if (std::isnan(acc[l])) s.nan[i] = 1;
-        if (acc[l] > s.max[i]) {
-          s.max[i] = acc[l];
-          if (s.arg) s.arg[i] = tok[j];
-        }
+// Elements of one packed query vector of dimension h.
+inline int64_t query_vector_elems(int64_t h, int lanes, int pair) {
+  return (h + pair - 1) / pair * pair * lanes;
+}
+
+// The portable policy: 8 lanes of plain arrays, one fused multiply-add per lane and dimension
+// (the same roundings as the vector paths), a one-vector x 4-token block.
+namespace scalar {
+struct V {
+  static constexpr int kLanes = 8, kPair = 1, kMaxVectors = 1, kTokenBlock = 4;
+  using QElem = float;
+  using DElem = float;
+  struct F { float x[kLanes]; };
+  struct I { int x[kLanes]; };
+  using B = F;
+  using X = float;
+  static F zero() { return F{}; }
+  static F load(const float* p) { F r; std::memcpy(r.x, p, sizeof r.x); return r; }
+  static void store(float* p, const F& v) { std::memcpy(p, v.x, sizeof v.x); }
+  static I load_int(const int* p) { I r; std::memcpy(r.x, p, sizeof r.x); return r; }
+  static void store_int(int* p, const I& v) { std::memcpy(p, v.x, sizeof v.x); }
+  static I splat_int(int t) { I r; for (int& x : r.x) x = t; return r; }
+  static B load_query(const float* p) { return load(p); }
+  static X broadcast(const float* p) { return *p; }
+  static X broadcast_last(const float* p) { return *p; }
+  static F madd(F acc, X x, const B& b) {
+    for (int l = 0; l < kLanes; ++l) acc.x[l] = std::fma(x, b.x[l], acc.x[l]);
+    return acc;
+  }
+  template <bool kArg>
+  static void fold(const F& s, const I& t, F& m, I& a, I& f) {
+    for (int l = 0; l < kLanes; ++l) {
+      if (s.x[l] != s.x[l]) f.x[l] = -1;
+      if (s.x[l] > m.x[l]) {  // strictly greater: the lowest index wins ties; false for NaN
+        m.x[l] = s.x[l];
+        if (kArg) a.x[l] = t.x[l];
       }
     }
   }
-}
+};
+#include "cpu/tile_body.h"
+}  // namespace scalar
+
+}  // namespace maxsim::cpu
 
 #ifdef MAXSIM_CPU_X86
-
-// kV query vectors (8 tokens each) x kJ document tokens, folded into the running state (m, a, f).
-template <int kV, int kJ, bool kArg>
-__attribute__((target("avx2,fma"), always_inline)) inline void fold_block_avx2(
-    const float* const* qv, int64_t h, const float* const* rows, const int* tok, __m256* m,
-    __m256i* a, __m256* f) {
-  __m256 acc[kJ][kV];
-  for (int j = 0; j < kJ; ++j)
-    for (int v = 0; v < kV; ++v) acc[j][v] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < h; ++k) {
-    __m256 b[kV];
-    for (int v = 0; v < kV; ++v) b[v] = _mm256_loadu_ps(qv[v] + k * kLanes);
-    for (int j = 0; j < kJ; ++j) {
-      const __m256 x = _mm256_broadcast_ss(rows[j] + k);
-      for (int v = 0; v < kV; ++v) acc[j][v] = _mm256_fmadd_ps(x, b[v], acc[j][v]);
-    }
-  }
-  for (int j = 0; j < kJ; ++j) {
-    for (int v = 0; v < kV; ++v) {
-      f[v] = _mm256_or_ps(f[v], _mm256_cmp_ps(acc[j][v], acc[j][v], _CMP_UNORD_Q));
-      const __m256 gt = _mm256_cmp_ps(acc[j][v], m[v], _CMP_GT_OQ);  // false for NaN
-      m[v] = _mm256_blendv_ps(m[v], acc[j][v], gt);
-      if (kArg)
-        a[v] = _mm256_castps_si256(_mm256_blendv_ps(
-            _mm256_castsi256_ps(a[v]), _mm256_castsi256_ps(_mm256_set1_epi32(tok[j])), gt));
-    }
-  }
-}
-
-template <int kV, bool kArg>
-__attribute__((target("avx2,fma"))) void fold_tokens_avx2(const float* qt, int64_t h, int v0,
-                                                          const float* const* rows, const int* tok,
-                                                          int n, RowState s) {
-  const float* qv[kV];
-  __m256 m[kV], f[kV];
-  __m256i a[kV];
-  for (int v = 0; v < kV; ++v) {
-    const int i = (v0 + v) * kLanes;
-    qv[v] = qt + (v0 + v) * h * kLanes;
-    m[v] = _mm256_loadu_ps(s.max + i);
-    f[v] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.nan + i)));
-    a[v] = kArg ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.arg + i))
-                : _mm256_setzero_si256();
-  }
-  int j = 0;
-  for (; j + kTokenBlock <= n; j += kTokenBlock)
-    fold_block_avx2<kV, kTokenBlock, kArg>(qv, h, rows + j, tok + j, m, a, f);
-  switch (n - j) {  // the run's last tokens
-    case 5: fold_block_avx2<kV, 5, kArg>(qv, h, rows + j, tok + j, m, a, f); break;
-    case 4: fold_block_avx2<kV, 4, kArg>(qv, h, rows + j, tok + j, m, a, f); break;
-    case 3: fold_block_avx2<kV, 3, kArg>(qv, h, rows + j, tok + j, m, a, f); break;
-    case 2: fold_block_avx2<kV, 2, kArg>(qv, h, rows + j, tok + j, m, a, f); break;
-    case 1: fold_block_avx2<kV, 1, kArg>(qv, h, rows + j, tok + j, m, a, f); break;
-    default: break;
-  }
-  for (int v = 0; v < kV; ++v) {
-    const int i = (v0 + v) * kLanes;
-    _mm256_storeu_ps(s.max + i, m[v]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.nan + i), _mm256_castps_si256(f[v]));
-    if (kArg) _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.arg + i), a[v]);
-  }
-}
-
-inline bool has_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
-
-#endif  // MAXSIM_CPU_X86
-
-// Folds the tokens rows[0 .. n) into the state of query vectors [0, nv): two vectors at a time
-// on AVX2 (16 query tokens share each broadcast of a document value), the scalar loop elsewhere.
-inline void fold_tokens(const float* qt, int64_t h, int nv, const float* const* rows,
-                        const int* tok, int n, RowState s) {
-#ifdef MAXSIM_CPU_X86
-  if (has_avx2()) {
-    int v = 0;
-    for (; v + 2 <= nv; v += 2) {
-      if (s.arg) fold_tokens_avx2<2, true>(qt, h, v, rows, tok, n, s);
-      else fold_tokens_avx2<2, false>(qt, h, v, rows, tok, n, s);
-    }
-    if (v < nv) {
-      if (s.arg) fold_tokens_avx2<1, true>(qt, h, v, rows, tok, n, s);
-      else fold_tokens_avx2<1, false>(qt, h, v, rows, tok, n, s);
-    }
-    return;
-  }
+#include "cpu/simd_x86.h"
 #endif
-  fold_tokens_scalar(qt, h, 0, nv, rows, tok, n, s);
+#if defined(__aarch64__)
+#include "cpu/simd_neon.h"
+#endif
+
+namespace maxsim::cpu {
+
+// The packed query layout and inner loop of one (ISA, input dtype): the bf16 tile takes bf16
+// inputs as stored; fp32 and fp16 inputs (and bf16 on other ISAs) are converted to fp32 rows.
+struct Tile {
+  Isa isa;
+  int lanes;  // query tokens per vector
+  int pair;   // dimensions per step: 2 for bf16 pairs, 1 for fp32
+  bool bf16_rows() const { return pair == 2; }
+};
+
+inline Tile tile_for(Isa isa, bool bf16_inputs) {
+  switch (isa) {
+#ifdef MAXSIM_CPU_X86
+    case Isa::kAvx512Bf16:
+      if (bf16_inputs) return {isa, avx512bf16::V::kLanes, avx512bf16::V::kPair};
+      return {Isa::kAvx512, avx512::V::kLanes, 1};
+    case Isa::kAvx512: return {isa, avx512::V::kLanes, 1};
+    case Isa::kAvx2: return {isa, avx2::V::kLanes, 1};
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon: return {isa, neon::V::kLanes, 1};
+#endif
+    default: return {Isa::kScalar, scalar::V::kLanes, 1};
+  }
+}
+
+// Stores query token c (its fp32 values `row`; bf16-exact for the bf16 tile, which keeps their
+// top 16 bits) into the packed vectors `qt`, zero-filled beforehand, in the tile's layout.
+inline void store_query_token(const Tile& tile, int64_t h, int c, const float* row, void* qt) {
+  const int64_t base = c / tile.lanes * query_vector_elems(h, tile.lanes, tile.pair);
+  for (int64_t k = 0; k < h; ++k) {
+    const int64_t e = base + k / tile.pair * tile.lanes * tile.pair + c % tile.lanes * tile.pair +
+                      k % tile.pair;
+    if (tile.bf16_rows()) {
+      uint32_t bits;
+      std::memcpy(&bits, row + k, 4);
+      static_cast<uint16_t*>(qt)[e] = static_cast<uint16_t>(bits >> 16);
+    } else {
+      static_cast<float*>(qt)[e] = row[k];
+    }
+  }
+}
+
+// Folds the tokens rows[0 .. n) (indices tok[0 .. n)) into the state of the packed query
+// vectors [0, nv) of `qt` (both in the tile's layout).
+inline void fold_tokens(const Tile& tile, const void* qt, int64_t h, int nv,
+                        const void* const* rows, const int* tok, int n, RowState s) {
+  switch (tile.isa) {
+#ifdef MAXSIM_CPU_X86
+    case Isa::kAvx512Bf16: return avx512bf16::fold_tokens(qt, h, nv, rows, tok, n, s);
+    case Isa::kAvx512: return avx512::fold_tokens(qt, h, nv, rows, tok, n, s);
+    case Isa::kAvx2: return avx2::fold_tokens(qt, h, nv, rows, tok, n, s);
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon: return neon::fold_tokens(qt, h, nv, rows, tok, n, s);
+#endif
+    default: return scalar::fold_tokens(qt, h, nv, rows, tok, n, s);
+  }
 }
 
 }  // namespace maxsim::cpu

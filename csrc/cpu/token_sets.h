@@ -184,16 +184,21 @@ struct Segments {
   const char* row(int64_t r) const { return data + r * h * elem; }
   void row_fp32(int64_t n, int64_t t, float* out) const { to_fp32(row(begin(n) + t), dtype, h, out); }
 
-  // The valid tokens of segment n in [t0, t1): their fp32 rows, copied into `buf` (one
-  // sequential stream from memory, then read from cache by every query vector pair), and their
-  // indices; returns how many.
-  int gather_rows(int64_t n, int64_t t0, int64_t t1, const float** out, int* tok, float* buf) const {
+  // The valid tokens of segment n in [t0, t1): their rows, copied into `buf` (one sequential
+  // stream from memory, then read from cache by every query vector), as stored (`as_stored`: the
+  // bf16 tile) or in fp32, and their indices; returns how many.
+  int gather_rows(int64_t n, int64_t t0, int64_t t1, const void** out, int* tok, float* buf,
+                  bool as_stored = false) const {
     const int64_t b = begin(n);
+    char* dst = reinterpret_cast<char*>(buf);
+    const int64_t row_bytes = h * (as_stored ? elem : 4);
     int c = 0;
     for (int64_t t = t0; t < t1; ++t) {
       if (mask && !mask[b + t]) continue;
-      to_fp32(row(b + t), dtype, h, buf + c * h);
-      out[c] = buf + c * h;
+      char* r = dst + c * row_bytes;
+      if (as_stored) std::memcpy(r, row(b + t), row_bytes);
+      else to_fp32(row(b + t), dtype, h, reinterpret_cast<float*>(r));
+      out[c] = r;
       tok[c++] = static_cast<int>(t);
     }
     return c;

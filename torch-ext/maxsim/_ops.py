@@ -40,7 +40,10 @@ NEWER_GPU_FALLBACK = "9.0+PTX-only"
 # Exact arithmetic: no --use_fast_math (it flushes denormals and approximates division). The C++
 # standard is left to torch.utils.cpp_extension: torch's own headers need C++20 from torch 2.10 on.
 # Py_LIMITED_API keeps the module importable from any CPython 3.10+ (an abi3 build).
-CXX_FLAGS = ["-O3", "-DPy_LIMITED_API=0x030A0000"]
+# -fopenmp: the CPU kernels run on torch's intra-op pool (at::parallel_for), which is OpenMP in
+# torch's Linux builds; the compiled code calls torch's own libgomp, already loaded by then.
+CPU_OPENMP_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
+CXX_FLAGS = ["-O3", "-DPy_LIMITED_API=0x030A0000"] + CPU_OPENMP_FLAGS
 # --threads=0: the arch targets of one source compile in parallel.
 NVCC_BASE_FLAGS = ["-O3", "-lineinfo", "--threads=0"]
 
@@ -57,10 +60,10 @@ _SOURCE_GLOBS = ("csrc/*.cu", "csrc/*.cuh", "csrc/*.h") + _SHARED_GLOBS
 
 # The CPU-only extension: the CPU kernels, the op schemas and autograd (torch_binding.cpp without
 # its CUDA part: CPU_KERNEL, as kernel-builder's cpu backend defines it) and the CPU registrations.
-# The AVX2 + FMA inner loop is compiled with a target attribute and picked at run time, so the
-# build itself needs no -march flag and runs on any x86-64.
+# The AVX2, AVX-512 and AVX512-BF16 inner loops are compiled in target regions and picked at run
+# time (csrc/cpu/isa.h), so the build itself needs no -march flag and runs on any x86-64.
 EXTENSION_PREFIX_CPU = "_maxsim_cpu_"
-CPU_CXX_FLAGS = ["-O3", "-DCPU_KERNEL", "-DPy_LIMITED_API=0x030A0000"]
+CPU_CXX_FLAGS = ["-O3", "-DCPU_KERNEL", "-DPy_LIMITED_API=0x030A0000"] + CPU_OPENMP_FLAGS
 _CPU_SOURCE_GLOBS = ("csrc/params.h",) + _SHARED_GLOBS
 
 

@@ -2,9 +2,9 @@
 every layout and dtype, with the reason. ``python -m maxsim.info`` prints it; attach it to bug
 reports."""
 
+import os
 import platform
 import sys
-from pathlib import Path
 
 import torch
 
@@ -75,13 +75,13 @@ def cpu_path():
     ops, reason = cpu_ops()
     if ops is None:
         return "torch fallback", reason
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if x86 and " avx2" in flags and " fma" in flags:
-        loop = "AVX2 + FMA inner loop"
-    else:
-        loop = "portable inner loop (no AVX2 + FMA on this CPU)"
-    return "cpu", f"{loop}; {reason}"
+    try:
+        isa = ops.cpu_isa()
+    except (AttributeError, RuntimeError, ValueError) as exc:  # a bad MAXSIM_CPU_ISA, say
+        isa = f"none ({str(exc).strip().splitlines()[0]})"
+    forced = os.environ.get("MAXSIM_CPU_ISA")
+    how = f"forced by MAXSIM_CPU_ISA={forced}" if forced else "the best this CPU has"
+    return "cpu", f"{isa} inner loop ({how}); {reason}"
 
 
 def mps_path():
