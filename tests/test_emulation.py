@@ -28,7 +28,7 @@ def emulate(monkeypatch):
 
 
 def test_planner_table_matches_python_table():
-    source = (ROOT / "torch-ext" / "torch_binding.cpp").read_text()
+    source = (ROOT / "csrc" / "emulated_gpus.h").read_text()
     rows = re.findall(
         r'\{"(\w+)", \{(\d+), (\d+), (\d+) \* 1024, (\d+)\}\}', source.split("kEmulatedGpus")[1]
     )

@@ -31,8 +31,6 @@ REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
-#include <cctype>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -42,6 +40,7 @@ REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
 #include "maxsim/schemas.h"
 #include "registration.h"
 #if !defined(CPU_KERNEL)
+#include "emulated_gpus.h"
 #include "launch.h"
 #endif
 
@@ -192,36 +191,8 @@ int dram_gbps(int device) {
   return gbps;
 }
 
-// A test device, not a feature: MAXSIM_EMULATE_GPU=<name> plans as that GPU (docs/ARCHITECTURE.md).
-// The Python loader gives such a process only a build of that GPU's PTX. Keep in step with
-// maxsim/emulation.py.
-struct EmulatedGpu {
-  const char* name;
-  maxsim::DeviceInfo limits;  // compute capability, SMs, opt-in smem per block, DRAM GB/s
-};
-constexpr EmulatedGpu kEmulatedGpus[] = {
-    {"t4", {75, 40, 64 * 1024, 320}},      {"a100", {80, 108, 163 * 1024, 2039}},
-    {"a10g", {86, 80, 99 * 1024, 600}},    {"l4", {89, 58, 99 * 1024, 300}},
-    {"b200", {100, 148, 227 * 1024, 8000}}, {"rtx5090", {120, 170, 99 * 1024, 1792}},
-};
-
-// The emulated GPU's limits, or nullptr when MAXSIM_EMULATE_GPU is unset; read once per process.
-const maxsim::DeviceInfo* emulated_limits() {
-  static const maxsim::DeviceInfo* limits = [] () -> const maxsim::DeviceInfo* {
-    const char* env = std::getenv("MAXSIM_EMULATE_GPU");
-    if (env == nullptr || *env == '\0') return nullptr;
-    std::string name(env);
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    for (const EmulatedGpu& gpu : kEmulatedGpus)
-      if (name == gpu.name) return &gpu.limits;
-    TORCH_CHECK(false, "MAXSIM_EMULATE_GPU: expected t4, a100, a10g, l4, b200 or rtx5090, got ", env);
-    return nullptr;
-  }();
-  return limits;
-}
-
 maxsim::DeviceInfo device_info() {
-  if (const maxsim::DeviceInfo* emulated = emulated_limits()) return *emulated;
+  if (const maxsim::DeviceInfo* emulated = maxsim::emulated_limits()) return *emulated;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return {prop->major * 10 + prop->minor, prop->multiProcessorCount,
           static_cast<int>(prop->sharedMemPerBlockOptin), dram_gbps(at::cuda::current_device())};
