@@ -23,7 +23,7 @@ import torch
 from kernels import get_kernel, get_local_kernel
 
 assert not any("torch-ext" in p for p in sys.path)
-by_env = get_kernel("maxsim/maxsim", version=1, trust_remote_code=True)
+by_env = get_kernel("maxsim/maxsim", version=2, trust_remote_code=True)
 by_path = get_local_kernel(__import__("pathlib").Path(sys.argv[1]), trust_remote_code=True)
 print("get_kernel (LOCAL_KERNELS):", by_env.__name__, "| get_local_kernel:", by_path.__name__)
 

@@ -1,7 +1,7 @@
 """The README's example as users run it: load maxsim as a Hub kernel, score, and use its layers.
 
     python scripts/readme_example.py            # this checkout's build/ (scripts/build_variant.py)
-    python scripts/readme_example.py --hub      # get_kernel("maxsim/maxsim", version=1)
+    python scripts/readme_example.py --hub      # get_kernel("maxsim/maxsim", version=2)
 """
 
 import argparse
@@ -19,7 +19,7 @@ def main():
     parser.add_argument("--build", type=Path, default=ROOT / "build", help="the variants' folder")
     args = parser.parse_args()
     if args.hub:
-        maxsim = get_kernel("maxsim/maxsim", version=1, trust_remote_code=True)
+        maxsim = get_kernel("maxsim/maxsim", version=2, trust_remote_code=True)
     else:
         maxsim = get_local_kernel(args.build, trust_remote_code=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"

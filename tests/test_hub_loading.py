@@ -58,7 +58,7 @@ def test_get_local_kernel(kernels, build_dir):
 @pytest.mark.kernels_ci
 def test_get_kernel_through_local_kernels(kernels, build_dir, monkeypatch):
     monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={build_dir}")
-    exercise(kernels.get_kernel(REPO_ID, version=1))
+    exercise(kernels.get_kernel(REPO_ID, version=2))
 
 
 @pytest.mark.kernels_ci
@@ -72,7 +72,7 @@ def test_layer_repository_kernelizes_a_module(kernels, build_dir, monkeypatch):
 
     mapping = {
         "MaxSimLayer": {
-            "cpu": kernels.LayerRepository(repo_id=REPO_ID, layer_name="MaxSim", version=1)
+            "cpu": kernels.LayerRepository(repo_id=REPO_ID, layer_name="MaxSim", version=2)
         }
     }
     model = torch.nn.Sequential(Scores())

@@ -8,7 +8,7 @@ import maxsim
 PUBLIC = {
     "__version__", "maxsim", "maxsim_with_argmax", "maxsim_pairs", "maxsim_varlen",
     "maxsim_segments", "retrieve", "MaxSimScorer", "contrastive_loss", "contrastive_step",
-    "quantize", "dequantize", "QuantizedTokens", "chamfer", "layers",
+    "quantize", "dequantize", "QuantizedTokens", "Corpus", "chamfer", "layers",
     "score_candidates_padded", "score_candidates_padded_with_argmax",
     "score_candidates_padded_train", "score_candidates_padded_reference",
     "score_candidates_padded_with_argmax_reference", "score_contrastive",
