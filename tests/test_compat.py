@@ -141,3 +141,46 @@ def test_single_pair_reference():
     torch.testing.assert_close(score, sim.max(1).values.sum().float())
     assert torch.equal(argmax, sim.argmax(1).to(torch.int32))
     assert maxsim.maxsim_reference(q, d) == score
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_raw_backward_ops_equal_autograd(dtype):
+    """That project's raw backward ops (maxsim._ops.ops): float32 (dq, dd) equal to the autograd
+    gradients of the forward whose argmax they take, for each layout."""
+    from maxsim._ops import ops
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def autograd(fn, q, d, dscore, *rest):
+        q, d = q.detach().clone().requires_grad_(), d.detach().clone().requires_grad_()
+        (fn(q, d, *rest) * dscore).sum().backward()
+        return q.grad.float(), d.grad.float()
+
+    queries, documents, q_len, d_len = candidates_case(device, dtype)
+    (b, lq, h), (_, k, ld, _) = queries.shape, documents.shape
+    _, argmax = maxsim.score_candidates_padded_with_argmax(queries, documents, q_len, d_len)
+    dscore = values((b, k), torch.float32, device, "grid")
+    dq, dd = ops.maxsim_padded_backward(
+        dscore.flatten(), queries.reshape(b * lq, h), documents.reshape(-1, h), q_len,
+        d_len.flatten(), argmax.reshape(b * k, lq), lq, ld, k,
+    )
+    want = autograd(lambda q, d: maxsim.score_candidates_padded_train(q, d, q_len, d_len),
+                    queries, documents, dscore)
+    assert dq.dtype == dd.dtype == torch.float32
+    torch.testing.assert_close((dq.view(b, lq, h), dd.view(b, k, ld, h)), want, rtol=0, atol=0)
+
+    q, q_off, d, d_off, pq, pd = packed_case(device, dtype)
+    _, argmax = maxsim.score_pairs_packed_with_argmax(q, q_off, d, d_off, pq, pd)
+    dscore = values((pq.numel(),), torch.float32, device, "grid")
+    got = ops.maxsim_packed_backward(dscore, q, q_off, d, d_off, pq, pd, argmax,
+                                     argmax.shape[-1])
+    want = autograd(lambda q, d: maxsim.score_pairs_packed_train(q, q_off, d, d_off, pq, pd),
+                    q, d, dscore)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    queries = values((3, 6, h), dtype, device, "grid")
+    _, argmax = maxsim.score_contrastive_with_argmax(queries, d, d_off)
+    dscore = values((3, d_off.numel() - 1), torch.float32, device, "grid")
+    got = ops.maxsim_contrastive_backward(dscore, queries, d, d_off, argmax)
+    want = autograd(lambda q, d: maxsim.score_contrastive_train(q, d, d_off), queries, d, dscore)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

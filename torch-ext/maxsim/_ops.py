@@ -556,3 +556,13 @@ def _compile_once(name, build_dir, what, **load_args):
         tail = "\n".join(str(exc).strip().splitlines()[-12:])
         return f"the JIT build of {name} failed:\n{tail}"
     return None
+
+
+def __getattr__(name):
+    """``ops``: erikkaum/maxsim's raw op table (its ``maxsim._ops.ops``), for code written
+    against it (maxsim.compat_ops); imported on first use."""
+    if name == "ops":
+        from .compat_ops import RAW_OPS
+
+        return RAW_OPS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
