@@ -117,7 +117,10 @@ for stage in "${stages[@]}"; do
     archs) python3 scripts/arch_check.py --out "$OUT" 2>&1 | tee "$OUT/archs.log"; ran "arch_check.py" ;;
     jit) python3 scripts/jit_cost.py --out "$OUT" 2>&1 | tee "$OUT/jit_cost.log"; ran "jit_cost.py" ;;
     search)
-      # Corpus search against fast-plaid: its wheels (.whl/search/) go to /tmp/search only.
+      # Corpus search against fast-plaid: its wheels (.whl/search/) go to /tmp/search only. Fetch
+      # them where pip reaches PyPI: python3 -m pip download --no-deps --only-binary=:all:
+      #   --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .whl/search
+      #   fast-plaid==1.7.0.2110 fastkmeans==0.5.0 usearch==2.26.6 numkong==7.8.6 joblib==1.6.0
       # SEARCH_ARGS selects (e.g. "--corpora fiqa --dims 96 --budget-s 480"); rows merge into
       # $OUT/search.json, seeded from bench_results/search-<gpu>.json when SEARCH_SEED names it.
       if compgen -G ".whl/search/*.whl" > /dev/null; then
