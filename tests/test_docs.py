@@ -72,7 +72,7 @@ def test_every_readme_python_block_is_marked():
     assert sum(1 for p in SNIPPETS if p.values[0].name == "README.md") >= 5
 
 
-README_MAX_BYTES = 22_000
+README_MAX_BYTES = 20_000
 # 7 to 40 hex digits with a letter and a digit among them: a commit, not a number or a word
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", re.IGNORECASE)
 
