@@ -92,8 +92,8 @@ def ops_module(name, cpu=False, archs=()):
     else:
         # MAXSIM_EMULATE_GPU refuses a build without exactly that GPU's PTX (maxsim/emulation.py)
         cuda_body = (f'check_build({list(archs)!r}, "the bundled {name}")\n    '
-                     f'if not torch.cuda.is_available():\n        return None, "no GPU is visible to '
-                     f'torch"\n    return ops, "bundled {name} (kernels-hub build)"')
+                     f'if not torch.cuda.is_available():\n        return None, "no GPU is visible '
+                     f'to torch"\n    return ops, "bundled {name} (kernels-hub build)"')
     return f'''"""The extension bundled with this kernels-hub build (from build_variant.py)."""
 
 import torch

@@ -59,7 +59,8 @@ def check(text: str, include_dirs=()):
     """Compile ``text`` as Metal source; raise :class:`FrontEndError` with clang's diagnostics or
     the declarations left without an address space. Returns the rewrite counts."""
     source, instances, arrays = rewrite(preprocess(text, include_dirs))
-    # Metal's own pragmas (`#pragma METAL fp ...`) are unknown to clang, as unknown ones are to Metal.
+    # Metal's own pragmas (`#pragma METAL fp ...`) are unknown to clang, as unknown ones are to
+    # Metal.
     cmd = [CLANG, *MODE, "-fsyntax-only", "-Werror", "-Werror=unknown-attributes",
            "-Wno-unknown-pragmas",
            "-Xclang", "-ast-dump", "-fno-color-diagnostics", "-"]

@@ -193,6 +193,7 @@ def _exact_top_k(q, d, docs, top_k, max_lq, backend, pair_docs=None):
     best_keys, position = torch.topk(_rank_keys(scores, docs), top_k, dim=1)
     return scores.gather(1, position), _doc_of(best_keys)
 
+
 def _retrieve_packed(Q, corpus, top_k, q_validity, rescore, candidates, chunk_size, backend):
     """retrieve over a packed :class:`Corpus`; ``q_validity`` is ``(q_mask, q_lengths)``."""
     if rescore not in (None, False, True):
