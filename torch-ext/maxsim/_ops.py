@@ -181,11 +181,11 @@ def runs_on(archs, capability):
     for arch in archs:
         cc, _, ptx = arch.partition("+")
         major, minor = (int(x) for x in cc.rstrip("af").split("."))
-        if ptx == "PTX-only":
-            pass
-        elif cc.endswith("a") and capability == (major, minor):
+        machine_code = ptx != "PTX-only"
+        if machine_code and cc.endswith("a") and capability == (major, minor):
             return True
-        elif not cc.endswith("a") and capability[0] == major and capability[1] >= minor:
+        if machine_code and not cc.endswith("a") and capability[0] == major and \
+                capability[1] >= minor:
             return True
         if ptx and capability >= (major, minor):
             return True
@@ -409,9 +409,12 @@ def _load_jit(torch, root):
                 for i in range(torch.cuda.device_count())
             }
         )
-        archs, newer = buildable(archs, toolkit_archs(home))
-        if newer:  # GPUs this toolkit does not know: the driver JIT-compiles compute_90 PTX
-            archs = sorted(set(archs) | {NEWER_GPU_FALLBACK})
+        # Only a GPU newer than Hopper can be unknown to a toolkit that builds these sources
+        # (CUDA 12+): ask nvcc then, and only then (a subprocess at every first use otherwise).
+        if any(int(a.split(".")[0]) >= 10 for a in archs):
+            archs, newer = buildable(archs, toolkit_archs(home))
+            if newer:  # GPUs this toolkit does not know: the driver JIT-compiles compute_90 PTX
+                archs = sorted(set(archs) | {NEWER_GPU_FALLBACK})
     name = extension_name(root, archs)
     if _registered(torch, name):
         return getattr(torch.ops, name), f"JIT-built {name} (already loaded)"
