@@ -15,6 +15,9 @@
 #include "registration.h"
 
 namespace maxsim::autograd {
+// Internal linkage: two builds loaded in one process (a Hub variant beside the JIT build) must
+// not share op_of's cached op, which a weak template symbol would make them do.
+namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
@@ -72,12 +75,12 @@ struct FwdGrad : torch::autograd::Function<FwdGrad> {
   }
 };
 
-inline std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& d, const OptTensor& q_offsets,
-                                      const OptTensor& q_lengths, const OptTensor& q_mask,
-                                      const OptTensor& d_offsets, const OptTensor& d_lengths,
-                                      const OptTensor& d_mask, const OptTensor& pair_q,
-                                      const OptTensor& pair_d, int64_t layout, int64_t group,
-                                      int64_t max_lq, bool with_argmax, bool tf32) {
+std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& d, const OptTensor& q_offsets,
+                               const OptTensor& q_lengths, const OptTensor& q_mask,
+                               const OptTensor& d_offsets, const OptTensor& d_lengths,
+                               const OptTensor& d_mask, const OptTensor& pair_q,
+                               const OptTensor& pair_d, int64_t layout, int64_t group,
+                               int64_t max_lq, bool with_argmax, bool tf32) {
   if (!(at::GradMode::is_enabled() && (q.requires_grad() || d.requires_grad()))) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op_of<decltype(cpu::fwd)>("fwd").call(q, d, q_offsets, q_lengths, q_mask, d_offsets,
@@ -107,7 +110,7 @@ struct CeGrad : torch::autograd::Function<CeGrad> {
   }
 };
 
-inline std::tuple<Tensor, Tensor> ce(const Tensor& scores, const OptTensor& targets, double scale) {
+std::tuple<Tensor, Tensor> ce(const Tensor& scores, const OptTensor& targets, double scale) {
   if (!(at::GradMode::is_enabled() && scores.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op_of<decltype(cpu::ce)>("ce").call(scores, targets, scale);
@@ -117,7 +120,7 @@ inline std::tuple<Tensor, Tensor> ce(const Tensor& scores, const OptTensor& targ
 }
 
 // The step returns gradients: its outputs never require grad themselves.
-inline std::tuple<Tensor, Tensor, Tensor> contrastive_step(
+std::tuple<Tensor, Tensor, Tensor> contrastive_step(
     const Tensor& q, const Tensor& d, const OptTensor& q_offsets, const OptTensor& q_lengths,
     const OptTensor& q_mask, const OptTensor& d_offsets, const OptTensor& d_lengths,
     const OptTensor& d_mask, int64_t layout, int64_t group, int64_t max_lq,
@@ -128,4 +131,5 @@ inline std::tuple<Tensor, Tensor, Tensor> contrastive_step(
       targets, scale);
 }
 
+}  // namespace
 }  // namespace maxsim::autograd
