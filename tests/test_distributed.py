@@ -7,6 +7,7 @@ compares one case with the single-process result.
 
 import datetime
 import os
+import warnings
 
 import maxsim
 import pytest
@@ -134,6 +135,7 @@ def _worker(rank, folder):
     try:
         torch.save(_cases(rank, torch.load(os.path.join(folder, "data.pt"))),
                    os.path.join(folder, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while the other still uses it (an abort)
     finally:
         dist.destroy_process_group()
 
@@ -146,9 +148,18 @@ def run(tmp_path_factory):
     data = _data()
     torch.save(data, folder / "data.pt")
     context = mp.spawn(_worker, args=(str(folder),), nprocs=WORLD, join=False)
-    while not context.join(timeout=TIMEOUT_S):
-        pass
-    return data, [torch.load(folder / f"rank{r}.pt") for r in range(WORLD)]
+    results = [folder / f"rank{r}.pt" for r in range(WORLD)]
+    try:
+        while not context.join(timeout=TIMEOUT_S):
+            pass
+    except mp.ProcessExitedException as exc:
+        # gloo's teardown after the last barrier aborts now and then ("terminate called without
+        # an active exception"); every rank's results were written by then and are what is tested
+        if exc.signal_name != "SIGABRT" or not all(r.exists() for r in results):
+            raise
+        warnings.warn(f"a rank aborted in gloo's teardown, after writing its results: {exc}",
+                      stacklevel=2)
+    return data, [torch.load(r) for r in results]
 
 
 def _whole(q_parts, d_parts, lengths=None, masks=None):
